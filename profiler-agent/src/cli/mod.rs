@@ -1,0 +1,101 @@
+//! The command line: parse, call the library, print. No profiling logic
+//! lives here.
+
+mod record;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::profile::Format;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "profiler-agent",
+    version,
+    about = "eBPF sampling profiler: CPU profiles of a process or the whole machine as pprof, folded stacks or flame graphs",
+    args_conflicts_with_subcommands = true,
+    after_help = "Examples:\n  \
+        profiler-agent --pid 1234 --duration 30s --output cpu.pb.gz\n  \
+        profiler-agent --output machine.svg            # whole machine, 10 s\n  \
+        go tool pprof -top cpu.pb.gz"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    record: RecordArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Sample CPU stacks and write a profile (what plain `profiler-agent` does).
+    Record(RecordArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RecordArgs {
+    /// Profile only this process, all its threads (repeat for several).
+    /// Without --pid, every process on the machine.
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+
+    /// Samples per second on each CPU.
+    #[arg(short = 'F', long, default_value_t = 100, value_name = "HZ",
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub frequency: u64,
+
+    /// How long to profile (e.g. 500ms, 30s, 2m). Ctrl-C stops early and
+    /// still writes the profile.
+    #[arg(short, long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Where to write the profile; the format follows the extension:
+    /// .pb.gz/.pprof (pprof), .folded/.txt (folded stacks), .svg (flame graph).
+    #[arg(short, long, default_value = "profile.pb.gz", value_parser = output_path)]
+    pub output: PathBuf,
+
+    /// No live status line.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+fn output_path(text: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(text);
+    match Format::from_path(&path) {
+        Some(_) => Ok(path),
+        None => Err(format!(
+            "cannot tell the format of {text:?}: name it .pb.gz or .pprof (pprof), \
+             .folded or .txt (folded stacks), or .svg (flame graph)"
+        )),
+    }
+}
+
+/// Entry point of the `profiler-agent` binary.
+pub fn main() -> ExitCode {
+    init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Record(args)) => record::run(&args),
+        None => record::run(&cli.record),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("PROFILER_AGENT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}

@@ -1,0 +1,207 @@
+//! `profiler-agent [record]`: sample, symbolize, write, report.
+
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::profile::Format;
+use crate::record::{Recorder, Recording, build_profile};
+use crate::sampling::{SamplingConfig, check_privileges};
+use crate::symbolize::Symbolizer;
+
+use super::RecordArgs;
+
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+const STATUS_INTERVAL: Duration = Duration::from_millis(500);
+
+pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
+    let format = Format::from_path(&args.output).context("output format")?;
+    let mut pids = args.pids.clone();
+    pids.sort_unstable();
+    pids.dedup();
+    for &pid in &pids {
+        if !process_exists(pid) {
+            bail!("no process with pid {pid} (check `ps -p {pid}`; it may have exited)");
+        }
+    }
+    check_privileges()?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
+    }
+
+    let config = SamplingConfig {
+        frequency_hz: args.frequency,
+        pids: pids.clone(),
+    };
+    let mut recorder = Recorder::start(&config)?;
+    let status = !args.quiet && std::io::stderr().is_terminal();
+    let scope = if pids.is_empty() {
+        "all processes".to_string()
+    } else {
+        format!("pid {}", join(&pids))
+    };
+    if !args.quiet {
+        eprintln!(
+            "profiling {scope} at {} Hz on {} CPUs for {} (Ctrl-C to stop early)",
+            args.frequency,
+            recorder_cpus(&recorder),
+            humantime::format_duration(args.duration)
+        );
+    }
+
+    let mut last_status = Instant::now();
+    let mut all_exited = false;
+    while recorder.elapsed() < args.duration && !stop.load(Ordering::Relaxed) {
+        let left = args.duration.saturating_sub(recorder.elapsed());
+        recorder.poll(POLL_INTERVAL.min(left));
+        if status && last_status.elapsed() >= STATUS_INTERVAL {
+            last_status = Instant::now();
+            print_status(&recorder);
+        }
+        if !pids.is_empty() && pids.iter().all(|&pid| !process_exists(pid)) {
+            all_exited = true;
+            break;
+        }
+    }
+    if status {
+        eprint!("\r\x1b[K");
+    }
+    let recording = recorder.finish();
+    if all_exited && !args.quiet {
+        eprintln!("every profiled process exited; stopping early");
+    }
+    check_target_samples(&pids, &recording)?;
+
+    let mut symbolizer = Symbolizer::default();
+    let profile = build_profile(&recording, &mut symbolizer);
+    let bytes = format
+        .encode(&profile)
+        .with_context(|| format!("encoding the {}", format.name()))?;
+    write_output(&args.output, &bytes)?;
+    report(
+        &recording,
+        &symbolizer,
+        &args.output,
+        format,
+        profile.total_samples(),
+    );
+    Ok(())
+}
+
+fn process_exists(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn recorder_cpus(recorder: &Recorder) -> usize {
+    recorder.cpus().len()
+}
+
+fn join(pids: &[u32]) -> String {
+    pids.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn print_status(recorder: &Recorder) {
+    let recording = recorder.recording();
+    eprint!(
+        "\r\x1b[K{:>6.1}s  {} samples  {} processes",
+        recorder.elapsed().as_secs_f64(),
+        recording.samples,
+        recording.processes.len()
+    );
+    let _ = std::io::stderr().flush();
+}
+
+/// With --pid, a run that got no sample of any target is an error when a
+/// target exited (there is nothing to show), and a warning when they are
+/// alive but never ran on a CPU (an empty CPU profile is the right answer).
+fn check_target_samples(pids: &[u32], recording: &Recording) -> anyhow::Result<()> {
+    if pids.is_empty() || recording.samples > 0 {
+        return Ok(());
+    }
+    let exited: Vec<u32> = pids
+        .iter()
+        .copied()
+        .filter(|&p| !process_exists(p))
+        .collect();
+    if !exited.is_empty() {
+        bail!(
+            "process {} exited before the first sample; nothing was profiled",
+            join(&exited)
+        );
+    }
+    tracing::warn!(
+        "no samples for pid {}: it did not run on a CPU during the profile \
+         (a CPU profile does not see time spent sleeping or blocked)",
+        join(pids)
+    );
+    Ok(())
+}
+
+fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+fn report(
+    recording: &Recording,
+    symbolizer: &Symbolizer,
+    output: &Path,
+    format: Format,
+    samples_written: u64,
+) {
+    let c = &recording.counters;
+    let s = &symbolizer.stats;
+    eprintln!(
+        "wrote {} ({}): {} samples from {} processes in {:.1}s",
+        output.display(),
+        format.name(),
+        samples_written,
+        recording.processes.len(),
+        recording.elapsed.as_secs_f64(),
+    );
+    eprintln!(
+        "  kernel: {} samples taken, {} idle, {} outside --pid, {} lost (ring buffer full), \
+         stack walks failed: {} user, {} kernel",
+        c.fired,
+        c.idle,
+        c.filtered_out,
+        c.ring_buffer_full,
+        c.user_stack_failed,
+        c.kernel_stack_failed
+    );
+    if recording.samples != c.sent {
+        eprintln!(
+            "  note: {} samples sent by the kernel, {} received",
+            c.sent, recording.samples
+        );
+    }
+    eprintln!(
+        "  symbols: {} objects read, {} unreadable; frames named {} user + {} kernel, \
+         unnamed {} user + {} kernel; {} stacks at the {}-frame limit",
+        s.objects_parsed,
+        s.objects_failed,
+        s.user_resolved,
+        s.kernel_resolved,
+        s.user_unresolved,
+        s.kernel_unresolved,
+        recording.user_stack_full,
+        profiler_common::MAX_STACK_DEPTH,
+    );
+    for problem in symbolizer.problems.iter().take(10) {
+        eprintln!("  unsymbolized: {problem}");
+    }
+    if symbolizer.problems.len() > 10 {
+        eprintln!("  ... and {} more", symbolizer.problems.len() - 10);
+    }
+}

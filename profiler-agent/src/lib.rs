@@ -1,0 +1,16 @@
+//! profiler-agent: an eBPF sampling profiler.
+//!
+//! The data flows through one module per stage:
+//! `sampling` (BPF perf events → raw samples) → `record` (aggregation per
+//! distinct stack, process capture) → `process` (/proc maps, objects) →
+//! `unwind` (which address each frame is looked up as) → `symbolize`
+//! (addresses → functions) → `profile` (model and encoders: pprof, folded
+//! stacks, SVG). `cli` is a thin layer over them.
+
+pub mod cli;
+pub mod process;
+pub mod profile;
+pub mod record;
+pub mod sampling;
+pub mod symbolize;
+pub mod unwind;

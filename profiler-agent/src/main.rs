@@ -1,0 +1,3 @@
+fn main() -> std::process::ExitCode {
+    profiler_agent::cli::main()
+}

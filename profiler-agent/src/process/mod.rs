@@ -1,0 +1,184 @@
+//! Processes as the profiler sees them: name, executable mappings, and an
+//! open handle on every mapped object file.
+//!
+//! A process is captured the first time one of its samples arrives, and the
+//! object files are opened then (through `/proc/PID/root`, so processes in
+//! other mount namespaces work, or `/proc/PID/map_files` for deleted files).
+//! Holding the handle means a process that exits mid-run is still
+//! symbolized at the end.
+
+mod maps;
+mod object;
+
+pub use maps::{Backing, MapEntry, parse_maps};
+pub use object::{ObjectFile, ObjectId};
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// An executable mapping of a process.
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// Short name for unsymbolized frames: `libc.so.6`, `[vdso]`, `[anon]`.
+    pub name: String,
+    /// The path as the process sees it, when file-backed.
+    pub path: Option<PathBuf>,
+    /// The opened object, when file-backed and readable.
+    pub object: Option<Arc<ObjectFile>>,
+}
+
+impl Mapping {
+    pub fn contains(&self, address: u64) -> bool {
+        self.start <= address && address < self.end
+    }
+
+    /// The file offset of a runtime address inside this mapping.
+    pub fn file_offset(&self, address: u64) -> u64 {
+        address - self.start + self.offset
+    }
+}
+
+/// A process captured while it ran.
+#[derive(Debug)]
+pub struct Process {
+    pub pid: u32,
+    /// `/proc/PID/comm` when captured (empty if the process was already gone).
+    pub name: String,
+    /// Executable mappings, sorted by start address.
+    pub mappings: Vec<Mapping>,
+    /// False when `/proc/PID` could not be read at capture time.
+    pub captured: bool,
+    maps_read_at: Instant,
+}
+
+impl Process {
+    pub fn mapping_for(&self, address: u64) -> Option<&Mapping> {
+        let index = self.mappings.partition_point(|m| m.start <= address);
+        let mapping = self.mappings.get(index.checked_sub(1)?)?;
+        mapping.contains(address).then_some(mapping)
+    }
+}
+
+/// Every process seen during a run, and the objects they map.
+pub struct ProcessTable {
+    proc_root: PathBuf,
+    processes: HashMap<u32, Process>,
+    objects: HashMap<ObjectId, Arc<ObjectFile>>,
+}
+
+/// How often the maps of one process may be re-read when a sample has an
+/// address outside every known mapping (code loaded by dlopen, a JIT).
+const MAPS_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+impl Default for ProcessTable {
+    fn default() -> Self {
+        Self::new("/proc")
+    }
+}
+
+impl ProcessTable {
+    /// A table reading processes under `proc_root` (normally `/proc`).
+    pub fn new(proc_root: impl Into<PathBuf>) -> Self {
+        ProcessTable {
+            proc_root: proc_root.into(),
+            processes: HashMap::new(),
+            objects: HashMap::new(),
+        }
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&Process> {
+        self.processes.get(&pid)
+    }
+
+    pub fn len(&self) -> usize {
+        self.processes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.processes.is_empty()
+    }
+
+    /// Distinct object files opened so far.
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
+    }
+
+    /// Captures `pid` on first sight; later, re-reads its maps when one of
+    /// `user_pcs` is outside every known mapping (at most once a second).
+    pub fn observe(&mut self, pid: u32, user_pcs: &[u64]) {
+        let refresh = match self.processes.get(&pid) {
+            None => true,
+            Some(process) => {
+                process.captured
+                    && process.maps_read_at.elapsed() >= MAPS_REFRESH_INTERVAL
+                    && user_pcs.iter().any(|&pc| process.mapping_for(pc).is_none())
+            }
+        };
+        if refresh {
+            let process = self.capture(pid);
+            match self.processes.get_mut(&pid) {
+                // Keep what we knew if the process is gone by now.
+                Some(old) if !process.captured => old.maps_read_at = Instant::now(),
+                Some(old) => *old = process,
+                None => {
+                    self.processes.insert(pid, process);
+                }
+            }
+        }
+    }
+
+    fn capture(&mut self, pid: u32) -> Process {
+        let dir = self.proc_root.join(pid.to_string());
+        let name = std::fs::read_to_string(dir.join("comm"))
+            .map(|s| s.trim_end_matches('\n').to_string())
+            .unwrap_or_default();
+        let maps = std::fs::read_to_string(dir.join("maps"));
+        let captured = maps.is_ok();
+        let mut mappings: Vec<Mapping> = maps
+            .map(|text| parse_maps(&text))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|entry| entry.executable)
+            .map(|entry| self.mapping(&dir, &entry))
+            .collect();
+        mappings.sort_by_key(|m| m.start);
+        Process {
+            pid,
+            name,
+            mappings,
+            captured,
+            maps_read_at: Instant::now(),
+        }
+    }
+
+    fn mapping(&mut self, proc_dir: &Path, entry: &MapEntry) -> Mapping {
+        let path = match &entry.backing {
+            Backing::File(path) | Backing::Deleted(path) => Some(path.clone()),
+            _ => None,
+        };
+        let object = path.as_ref().map(|path| {
+            let id = ObjectId {
+                dev: entry.dev,
+                inode: entry.inode,
+            };
+            self.objects
+                .entry(id)
+                .or_insert_with(|| Arc::new(ObjectFile::open(proc_dir, entry, path, id)))
+                .clone()
+        });
+        Mapping {
+            start: entry.start,
+            end: entry.end,
+            offset: entry.offset,
+            name: entry.display_name(),
+            path,
+            object,
+        }
+    }
+}

@@ -1,0 +1,73 @@
+//! Object files (executables and shared libraries) mapped by processes.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::maps::MapEntry;
+
+/// Identity of a mapped file within one run: the device and inode the
+/// kernel reports in `/proc/PID/maps`. Two processes mapping the same
+/// library share one `ObjectFile`, so it is read and parsed once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ObjectId {
+    pub dev: (u32, u32),
+    pub inode: u64,
+}
+
+/// A mapped file, opened when first seen.
+#[derive(Debug)]
+pub struct ObjectFile {
+    pub id: ObjectId,
+    /// The path as the mapping process sees it.
+    pub path: PathBuf,
+    /// The open file, or why it could not be opened.
+    pub file: Result<File, String>,
+}
+
+impl ObjectFile {
+    /// Opens the file behind `entry` of the process at `proc_dir`: first
+    /// through the process's root (`/proc/PID/root/PATH`, right for
+    /// containers), checked against the inode in the maps line; else through
+    /// `/proc/PID/map_files/START-END`, which also reaches deleted files.
+    pub(super) fn open(proc_dir: &Path, entry: &MapEntry, path: &Path, id: ObjectId) -> Self {
+        let via_root = proc_dir
+            .join("root")
+            .join(path.strip_prefix("/").unwrap_or(path));
+        let via_map_files = proc_dir
+            .join("map_files")
+            .join(format!("{:x}-{:x}", entry.start, entry.end));
+        let mut errors = Vec::new();
+        match File::open(&via_root).and_then(|file| Ok((file.metadata()?.ino(), file))) {
+            Ok((inode, file)) if inode == id.inode => {
+                return ObjectFile {
+                    id,
+                    path: path.to_path_buf(),
+                    file: Ok(file),
+                };
+            }
+            Ok(_) => errors.push(format!(
+                "{}: a different file (replaced since it was mapped)",
+                via_root.display()
+            )),
+            Err(e) => errors.push(format!("{}: {e}", via_root.display())),
+        }
+        // map_files is the mapped file itself, whatever its path says now
+        // (overlay filesystems may report another inode through the path).
+        match File::open(&via_map_files) {
+            Ok(file) => {
+                return ObjectFile {
+                    id,
+                    path: path.to_path_buf(),
+                    file: Ok(file),
+                };
+            }
+            Err(e) => errors.push(format!("{}: {e}", via_map_files.display())),
+        }
+        ObjectFile {
+            id,
+            path: path.to_path_buf(),
+            file: Err(errors.join("; ")),
+        }
+    }
+}

@@ -1,0 +1,39 @@
+//! Folded stacks: `comm;root;...;leaf count`, the input of flamegraph.pl,
+//! inferno and speedscope. Kernel frames carry perf's `_[k]` suffix.
+
+use std::collections::BTreeMap;
+
+use super::{Profile, Sample};
+
+/// One folded line's stack part for `sample` (without the count).
+pub fn stack_line(profile: &Profile, sample: &Sample) -> String {
+    let mut line = sample
+        .label("comm")
+        .unwrap_or("[unknown]")
+        .replace(';', ":");
+    for (name, kernel) in profile.stack_names(sample) {
+        line.push(';');
+        // ';' separates frames and ' ' the count: keep names unambiguous.
+        line.push_str(&name.replace(';', ":"));
+        if kernel {
+            line.push_str("_[k]");
+        }
+    }
+    line
+}
+
+/// The whole profile as folded text, identical stacks merged, sorted.
+pub fn encode(profile: &Profile) -> String {
+    let mut merged: BTreeMap<String, u64> = BTreeMap::new();
+    for sample in &profile.samples {
+        *merged.entry(stack_line(profile, sample)).or_default() += sample.count;
+    }
+    let mut text = String::new();
+    for (stack, count) in merged {
+        text.push_str(&stack);
+        text.push(' ');
+        text.push_str(&count.to_string());
+        text.push('\n');
+    }
+    text
+}

@@ -1,0 +1,178 @@
+//! The in-memory profile and its encoders.
+//!
+//! The model is close to pprof's (samples → locations → lines →
+//! functions, plus mappings) because pprof is the richest of the formats we
+//! write; folded stacks and SVG are views of the same model.
+
+mod builder;
+pub mod flamegraph;
+pub mod folded;
+pub mod pprof;
+
+pub use builder::ProfileBuilder;
+
+use std::path::Path;
+
+/// A CPU profile: counted stacks with their symbols.
+#[derive(Debug, Clone, Default)]
+pub struct Profile {
+    /// Wall-clock start, nanoseconds since the Unix epoch.
+    pub start_unix_ns: i64,
+    pub duration_ns: i64,
+    /// CPU time one sample stands for: 1e9 / frequency.
+    pub period_ns: i64,
+    pub mappings: Vec<Mapping>,
+    pub functions: Vec<Function>,
+    pub locations: Vec<Location>,
+    pub samples: Vec<Sample>,
+    /// Free-form notes carried into pprof comments.
+    pub comments: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mapping {
+    pub start: u64,
+    pub limit: u64,
+    pub file_offset: u64,
+    pub file: String,
+    pub build_id: String,
+    /// Whether any location in it was symbolized (pprof's has_functions).
+    pub has_functions: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Function {
+    pub name: String,
+    pub system_name: String,
+    pub file: String,
+}
+
+/// One physical program counter.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Location {
+    pub address: u64,
+    /// Index into `Profile::mappings`.
+    pub mapping: Option<usize>,
+    /// Innermost first: inlined frames, then the function holding the code.
+    pub lines: Vec<Line>,
+    /// Kernel code (drawn with a `_[k]` suffix in folded stacks).
+    pub kernel: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Line {
+    /// Index into `Profile::functions`.
+    pub function: usize,
+    /// 0 when unknown.
+    pub line: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// Indices into `Profile::locations`, leaf first.
+    pub locations: Vec<usize>,
+    pub count: u64,
+    /// String labels, e.g. ("pid", "1234"), ("comm", "nginx").
+    pub labels: Vec<(String, String)>,
+}
+
+impl Sample {
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+impl Profile {
+    pub fn total_samples(&self) -> u64 {
+        self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// Frame names of a sample from the root to the leaf, inlined frames
+    /// expanded (outermost first within a location).
+    pub fn stack_names(&self, sample: &Sample) -> Vec<(&str, bool)> {
+        let mut names = Vec::new();
+        for &index in sample.locations.iter().rev() {
+            let location = &self.locations[index];
+            for line in location.lines.iter().rev() {
+                names.push((self.functions[line.function].name.as_str(), location.kernel));
+            }
+        }
+        names
+    }
+}
+
+/// Output formats, chosen from the output file's extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// gzip-compressed pprof protobuf (`.pb.gz`, `.pprof`).
+    Pprof,
+    /// Folded stacks, one `comm;root;...;leaf count` line each (`.folded`, `.txt`).
+    Folded,
+    /// Interactive SVG flame graph (`.svg`).
+    FlameGraph,
+}
+
+impl Format {
+    pub fn from_path(path: &Path) -> Option<Format> {
+        let name = path.file_name()?.to_string_lossy().to_ascii_lowercase();
+        if name.ends_with(".pb.gz") || name.ends_with(".pprof") || name.ends_with(".pb") {
+            Some(Format::Pprof)
+        } else if name.ends_with(".folded") || name.ends_with(".txt") {
+            Some(Format::Folded)
+        } else if name.ends_with(".svg") {
+            Some(Format::FlameGraph)
+        } else {
+            None
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Format::Pprof => "pprof",
+            Format::Folded => "folded stacks",
+            Format::FlameGraph => "SVG flame graph",
+        }
+    }
+
+    /// Encodes `profile` in this format.
+    pub fn encode(self, profile: &Profile) -> std::io::Result<Vec<u8>> {
+        match self {
+            Format::Pprof => pprof::encode_gzip(profile),
+            Format::Folded => Ok(folded::encode(profile).into_bytes()),
+            Format::FlameGraph => flamegraph::encode(profile),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn format_follows_the_extension() {
+        assert_eq!(
+            Format::from_path(Path::new("cpu.pb.gz")),
+            Some(Format::Pprof)
+        );
+        assert_eq!(
+            Format::from_path(Path::new("/x/cpu.pprof")),
+            Some(Format::Pprof)
+        );
+        assert_eq!(
+            Format::from_path(Path::new("out.folded")),
+            Some(Format::Folded)
+        );
+        assert_eq!(
+            Format::from_path(Path::new("out.TXT")),
+            Some(Format::Folded)
+        );
+        assert_eq!(
+            Format::from_path(Path::new("flame.svg")),
+            Some(Format::FlameGraph)
+        );
+        assert_eq!(Format::from_path(Path::new("profile.json")), None);
+    }
+}

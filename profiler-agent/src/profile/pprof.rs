@@ -1,0 +1,408 @@
+//! pprof encoding (github.com/google/pprof proto/profile.proto), shaped like
+//! Go's own CPU profile so `go tool pprof` reads it as one: sample types
+//! `samples/count` and `cpu/nanoseconds`, period type `cpu/nanoseconds`.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use flate2::Compression;
+use flate2::write::GzEncoder;
+
+use super::Profile;
+
+/// The protobuf messages of profile.proto, written out by hand (no protoc
+/// at build time). Field numbers are the proto's.
+pub mod proto {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Profile {
+        #[prost(message, repeated, tag = "1")]
+        pub sample_type: Vec<ValueType>,
+        #[prost(message, repeated, tag = "2")]
+        pub sample: Vec<Sample>,
+        #[prost(message, repeated, tag = "3")]
+        pub mapping: Vec<Mapping>,
+        #[prost(message, repeated, tag = "4")]
+        pub location: Vec<Location>,
+        #[prost(message, repeated, tag = "5")]
+        pub function: Vec<Function>,
+        #[prost(string, repeated, tag = "6")]
+        pub string_table: Vec<String>,
+        #[prost(int64, tag = "7")]
+        pub drop_frames: i64,
+        #[prost(int64, tag = "8")]
+        pub keep_frames: i64,
+        #[prost(int64, tag = "9")]
+        pub time_nanos: i64,
+        #[prost(int64, tag = "10")]
+        pub duration_nanos: i64,
+        #[prost(message, optional, tag = "11")]
+        pub period_type: Option<ValueType>,
+        #[prost(int64, tag = "12")]
+        pub period: i64,
+        #[prost(int64, repeated, tag = "13")]
+        pub comment: Vec<i64>,
+        #[prost(int64, tag = "14")]
+        pub default_sample_type: i64,
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct ValueType {
+        #[prost(int64, tag = "1")]
+        pub r#type: i64,
+        #[prost(int64, tag = "2")]
+        pub unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Sample {
+        #[prost(uint64, repeated, tag = "1")]
+        pub location_id: Vec<u64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub value: Vec<i64>,
+        #[prost(message, repeated, tag = "3")]
+        pub label: Vec<Label>,
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct Label {
+        #[prost(int64, tag = "1")]
+        pub key: i64,
+        #[prost(int64, tag = "2")]
+        pub str: i64,
+        #[prost(int64, tag = "3")]
+        pub num: i64,
+        #[prost(int64, tag = "4")]
+        pub num_unit: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mapping {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub memory_start: u64,
+        #[prost(uint64, tag = "3")]
+        pub memory_limit: u64,
+        #[prost(uint64, tag = "4")]
+        pub file_offset: u64,
+        #[prost(int64, tag = "5")]
+        pub filename: i64,
+        #[prost(int64, tag = "6")]
+        pub build_id: i64,
+        #[prost(bool, tag = "7")]
+        pub has_functions: bool,
+        #[prost(bool, tag = "8")]
+        pub has_filenames: bool,
+        #[prost(bool, tag = "9")]
+        pub has_line_numbers: bool,
+        #[prost(bool, tag = "10")]
+        pub has_inline_frames: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Location {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(uint64, tag = "2")]
+        pub mapping_id: u64,
+        #[prost(uint64, tag = "3")]
+        pub address: u64,
+        #[prost(message, repeated, tag = "4")]
+        pub line: Vec<Line>,
+        #[prost(bool, tag = "5")]
+        pub is_folded: bool,
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct Line {
+        #[prost(uint64, tag = "1")]
+        pub function_id: u64,
+        #[prost(int64, tag = "2")]
+        pub line: i64,
+        #[prost(int64, tag = "3")]
+        pub column: i64,
+    }
+
+    #[derive(Clone, Copy, PartialEq, prost::Message)]
+    pub struct Function {
+        #[prost(uint64, tag = "1")]
+        pub id: u64,
+        #[prost(int64, tag = "2")]
+        pub name: i64,
+        #[prost(int64, tag = "3")]
+        pub system_name: i64,
+        #[prost(int64, tag = "4")]
+        pub filename: i64,
+        #[prost(int64, tag = "5")]
+        pub start_line: i64,
+    }
+}
+
+/// pprof's string table: index 0 is always "".
+#[derive(Default)]
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        let mut strings = Strings::default();
+        strings.get("");
+        strings
+    }
+
+    fn get(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.index.get(s) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(s.to_string());
+        self.index.insert(s.to_string(), i);
+        i
+    }
+}
+
+/// Converts the model to pprof messages. Ids are 1-based indices.
+pub fn to_proto(profile: &Profile) -> proto::Profile {
+    let mut strings = Strings::new();
+    let value_type = |strings: &mut Strings, t: &str, u: &str| proto::ValueType {
+        r#type: strings.get(t),
+        unit: strings.get(u),
+    };
+    let sample_type = vec![
+        value_type(&mut strings, "samples", "count"),
+        value_type(&mut strings, "cpu", "nanoseconds"),
+    ];
+    let period_type = Some(value_type(&mut strings, "cpu", "nanoseconds"));
+
+    let sample = profile
+        .samples
+        .iter()
+        .map(|s| proto::Sample {
+            location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
+            value: vec![s.count as i64, s.count as i64 * profile.period_ns],
+            label: s
+                .labels
+                .iter()
+                .map(|(k, v)| proto::Label {
+                    key: strings.get(k),
+                    str: strings.get(v),
+                    ..Default::default()
+                })
+                .collect(),
+        })
+        .collect();
+
+    let has_lines = |mapping: usize| {
+        profile
+            .locations
+            .iter()
+            .any(|l| l.mapping == Some(mapping) && l.lines.iter().any(|line| line.line != 0))
+    };
+    let mapping = profile
+        .mappings
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let lines = has_lines(i);
+            proto::Mapping {
+                id: i as u64 + 1,
+                memory_start: m.start,
+                memory_limit: m.limit,
+                file_offset: m.file_offset,
+                filename: strings.get(&m.file),
+                build_id: strings.get(&m.build_id),
+                has_functions: m.has_functions,
+                has_filenames: lines,
+                has_line_numbers: lines,
+                has_inline_frames: lines,
+            }
+        })
+        .collect();
+
+    let location = profile
+        .locations
+        .iter()
+        .enumerate()
+        .map(|(i, l)| proto::Location {
+            id: i as u64 + 1,
+            mapping_id: l.mapping.map_or(0, |m| m as u64 + 1),
+            address: l.address,
+            line: l
+                .lines
+                .iter()
+                .map(|line| proto::Line {
+                    function_id: line.function as u64 + 1,
+                    line: i64::from(line.line),
+                    column: 0,
+                })
+                .collect(),
+            is_folded: false,
+        })
+        .collect();
+
+    let function = profile
+        .functions
+        .iter()
+        .enumerate()
+        .map(|(i, f)| proto::Function {
+            id: i as u64 + 1,
+            name: strings.get(&f.name),
+            system_name: strings.get(if f.system_name.is_empty() {
+                &f.name
+            } else {
+                &f.system_name
+            }),
+            filename: strings.get(&f.file),
+            start_line: 0,
+        })
+        .collect();
+
+    let comment = profile.comments.iter().map(|c| strings.get(c)).collect();
+
+    proto::Profile {
+        sample_type,
+        sample,
+        mapping,
+        location,
+        function,
+        string_table: strings.table,
+        time_nanos: profile.start_unix_ns,
+        duration_nanos: profile.duration_ns,
+        period_type,
+        period: profile.period_ns,
+        comment,
+        ..Default::default()
+    }
+}
+
+/// The gzip-compressed protobuf bytes, as `go tool pprof` reads them.
+pub fn encode_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
+    let bytes = prost::Message::encode_to_vec(&to_proto(profile));
+    let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len() / 4), Compression::default());
+    gz.write_all(&bytes)?;
+    gz.finish()
+}
+
+/// Decodes gzip-compressed (or plain) pprof bytes.
+pub fn decode(bytes: &[u8]) -> Result<proto::Profile, prost::DecodeError> {
+    use std::io::Read;
+    let mut plain = Vec::new();
+    let data = if bytes.starts_with(&[0x1f, 0x8b]) {
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_end(&mut plain)
+            .map_err(|e| prost::DecodeError::new(e.to_string()))?;
+        &plain[..]
+    } else {
+        bytes
+    };
+    prost::Message::decode(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{Function, Line, Location, Mapping, Sample};
+
+    fn sample_profile() -> Profile {
+        Profile {
+            start_unix_ns: 1_700_000_000_000_000_000,
+            duration_ns: 10_000_000_000,
+            period_ns: 10_000_000,
+            mappings: vec![Mapping {
+                start: 0x400000,
+                limit: 0x500000,
+                file_offset: 0,
+                file: "/usr/bin/app".into(),
+                build_id: "abcd".into(),
+                has_functions: true,
+            }],
+            functions: vec![
+                Function {
+                    name: "main".into(),
+                    system_name: String::new(),
+                    file: "app.c".into(),
+                },
+                Function {
+                    name: "hot".into(),
+                    system_name: "_Z3hotv".into(),
+                    file: "app.c".into(),
+                },
+            ],
+            locations: vec![
+                Location {
+                    address: 0x401000,
+                    mapping: Some(0),
+                    lines: vec![Line {
+                        function: 1,
+                        line: 7,
+                    }],
+                    kernel: false,
+                },
+                Location {
+                    address: 0x402000,
+                    mapping: Some(0),
+                    lines: vec![Line {
+                        function: 0,
+                        line: 20,
+                    }],
+                    kernel: false,
+                },
+            ],
+            samples: vec![Sample {
+                locations: vec![0, 1],
+                count: 3,
+                labels: vec![("pid".into(), "42".into()), ("comm".into(), "app".into())],
+            }],
+            comments: vec!["note".into()],
+        }
+    }
+
+    #[test]
+    fn round_trips_through_prost() {
+        let profile = sample_profile();
+        let decoded = decode(&encode_gzip(&profile).unwrap()).unwrap();
+        let s = |i: i64| decoded.string_table[i as usize].as_str();
+
+        assert_eq!(decoded.string_table[0], "");
+        let types: Vec<_> = decoded
+            .sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect();
+        assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+        let period_type = decoded.period_type.unwrap();
+        assert_eq!(
+            (s(period_type.r#type), s(period_type.unit)),
+            ("cpu", "nanoseconds")
+        );
+        assert_eq!(decoded.period, 10_000_000);
+        assert_eq!(decoded.time_nanos, profile.start_unix_ns);
+        assert_eq!(decoded.duration_nanos, 10_000_000_000);
+
+        assert_eq!(decoded.sample.len(), 1);
+        let sample = &decoded.sample[0];
+        assert_eq!(sample.value, [3, 30_000_000]);
+        assert_eq!(sample.location_id, [1, 2]);
+        let labels: Vec<_> = sample.label.iter().map(|l| (s(l.key), s(l.str))).collect();
+        assert_eq!(labels, [("pid", "42"), ("comm", "app")]);
+
+        let leaf = &decoded.location[0];
+        assert_eq!((leaf.id, leaf.mapping_id, leaf.address), (1, 1, 0x401000));
+        let function = &decoded.function[(leaf.line[0].function_id - 1) as usize];
+        assert_eq!(
+            (s(function.name), s(function.system_name)),
+            ("hot", "_Z3hotv")
+        );
+        assert_eq!(leaf.line[0].line, 7);
+
+        let mapping = &decoded.mapping[0];
+        assert_eq!(
+            (s(mapping.filename), s(mapping.build_id)),
+            ("/usr/bin/app", "abcd")
+        );
+        assert!(mapping.has_functions && mapping.has_line_numbers);
+        assert_eq!(s(decoded.comment[0]), "note");
+    }
+}

@@ -1,0 +1,140 @@
+//! A recording: samples drained from the kernel, aggregated per distinct
+//! stack, with every process captured as it is first seen.
+//!
+//! Memory follows the number of distinct stacks, not the number of
+//! samples. Symbolization happens after the run (`to_profile`), from the
+//! process captures, so processes that exited mid-run are still named.
+
+mod to_profile;
+
+pub use to_profile::build_profile;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use profiler_common::{MAX_STACK_DEPTH, Sample};
+
+use crate::process::ProcessTable;
+use crate::sampling::{KernelCounters, Sampler, SamplingConfig, SamplingError};
+
+/// One distinct stack of one thread.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    pub pid: u32,
+    pub tid: u32,
+    /// Thread name (`comm`) at the sample, NUL-padded.
+    pub thread: [u8; 16],
+    /// Leaf first.
+    pub user: Box<[u64]>,
+    /// Leaf first.
+    pub kernel: Box<[u64]>,
+}
+
+impl StackKey {
+    pub fn thread_name(&self) -> String {
+        let end = self.thread.iter().position(|&b| b == 0).unwrap_or(16);
+        String::from_utf8_lossy(&self.thread[..end]).into_owned()
+    }
+}
+
+/// Everything a run collected.
+pub struct Recording {
+    pub stacks: HashMap<StackKey, u64>,
+    pub processes: ProcessTable,
+    pub counters: KernelCounters,
+    pub started: SystemTime,
+    pub elapsed: Duration,
+    pub frequency_hz: u64,
+    /// Samples received from the kernel.
+    pub samples: u64,
+    /// Samples whose user stack filled all `MAX_STACK_DEPTH` slots: the
+    /// walk may have stopped before the root.
+    pub user_stack_full: u64,
+}
+
+impl Recording {
+    /// Samples received per process.
+    pub fn samples_by_pid(&self) -> HashMap<u32, u64> {
+        let mut by_pid = HashMap::new();
+        for (key, count) in &self.stacks {
+            *by_pid.entry(key.pid).or_default() += count;
+        }
+        by_pid
+    }
+}
+
+/// Drives a sampler and aggregates what it delivers.
+pub struct Recorder {
+    sampler: Sampler,
+    recording: Recording,
+    started: Instant,
+}
+
+impl Recorder {
+    pub fn start(config: &SamplingConfig) -> Result<Self, SamplingError> {
+        let sampler = Sampler::start(config)?;
+        Ok(Recorder {
+            sampler,
+            recording: Recording {
+                stacks: HashMap::new(),
+                processes: ProcessTable::default(),
+                counters: KernelCounters::default(),
+                started: SystemTime::now(),
+                elapsed: Duration::ZERO,
+                frequency_hz: config.frequency_hz,
+                samples: 0,
+                user_stack_full: 0,
+            },
+            started: Instant::now(),
+        })
+    }
+
+    /// Waits up to `timeout` for samples and aggregates them.
+    pub fn poll(&mut self, timeout: Duration) -> usize {
+        let recording = &mut self.recording;
+        self.sampler
+            .drain(timeout, |sample| aggregate(recording, sample))
+    }
+
+    /// CPUs being sampled.
+    pub fn cpus(&self) -> &[u32] {
+        self.sampler.cpus()
+    }
+
+    pub fn recording(&self) -> &Recording {
+        &self.recording
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Detaches from every CPU, then drains what is still in flight, so no
+    /// sample taken before the stop is lost.
+    pub fn finish(mut self) -> Recording {
+        self.recording.elapsed = self.started.elapsed();
+        self.sampler.detach();
+        while self.poll(Duration::ZERO) > 0 {}
+        self.recording.counters = self.sampler.counters();
+        self.recording
+    }
+}
+
+fn aggregate(recording: &mut Recording, sample: &Sample) {
+    let user_len = (sample.user_frames as usize).min(MAX_STACK_DEPTH);
+    let kernel_len = (sample.kernel_frames as usize).min(MAX_STACK_DEPTH);
+    let user = &sample.user_stack[..user_len];
+    recording.samples += 1;
+    if user_len == MAX_STACK_DEPTH {
+        recording.user_stack_full += 1;
+    }
+    recording.processes.observe(sample.pid, user);
+    let key = StackKey {
+        pid: sample.pid,
+        tid: sample.tid,
+        thread: sample.comm,
+        user: user.into(),
+        kernel: sample.kernel_stack[..kernel_len].into(),
+    };
+    *recording.stacks.entry(key).or_default() += 1;
+}

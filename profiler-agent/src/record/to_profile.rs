@@ -1,0 +1,176 @@
+//! From a recording to a symbolized `Profile`.
+
+use std::time::UNIX_EPOCH;
+
+use crate::process::Process;
+use crate::profile::{Function, Location, Mapping, Profile, ProfileBuilder, Sample};
+use crate::symbolize::{Symbolized, Symbolizer};
+use crate::unwind;
+
+use super::Recording;
+
+/// Locations are per process and address (and whether the address is a
+/// return address, which changes what it is looked up as).
+#[derive(Hash, PartialEq, Eq)]
+enum LocationKey {
+    User { pid: u32, pc: u64, lookup_pc: u64 },
+    Kernel { lookup_pc: u64 },
+}
+
+/// Mappings are per process and runtime range; the kernel has one.
+#[derive(Hash, PartialEq, Eq)]
+enum MappingKey {
+    User { pid: u32, start: u64 },
+    Kernel,
+}
+
+/// Symbolizes every distinct address once and builds the profile: one
+/// sample per distinct (thread, stack), leaf first, kernel frames before
+/// the user frames that entered the kernel.
+pub fn build_profile(recording: &Recording, symbolizer: &mut Symbolizer) -> Profile {
+    let start_unix_ns = recording
+        .started
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    let period_ns = 1_000_000_000 / recording.frequency_hz.max(1) as i64;
+    let mut builder: ProfileBuilder<LocationKey, MappingKey> = ProfileBuilder::new(
+        start_unix_ns,
+        recording.elapsed.as_nanos() as i64,
+        period_ns,
+    );
+
+    // Deterministic output: visit stacks in a stable order.
+    let mut stacks: Vec<_> = recording.stacks.iter().collect();
+    stacks.sort_by(|a, b| {
+        (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel).cmp(&(b.0.pid, b.0.tid, &b.0.user, &b.0.kernel))
+    });
+
+    for (key, &count) in stacks {
+        let process = recording.processes.get(key.pid);
+        let mut locations = Vec::with_capacity(key.kernel.len() + key.user.len());
+        for frame in unwind::frames(&key.kernel) {
+            locations.push(kernel_location(&mut builder, symbolizer, frame));
+        }
+        for frame in unwind::frames(&key.user) {
+            locations.push(user_location(
+                &mut builder,
+                symbolizer,
+                key.pid,
+                process,
+                frame,
+            ));
+        }
+        let thread = key.thread_name();
+        let comm = process
+            .map(|p| p.name.clone())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| thread.clone());
+        builder.sample(Sample {
+            locations,
+            count,
+            labels: vec![
+                ("pid".into(), key.pid.to_string()),
+                ("tid".into(), key.tid.to_string()),
+                ("comm".into(), comm),
+                ("thread".into(), thread),
+            ],
+        });
+    }
+    builder.finish()
+}
+
+fn kernel_location(
+    builder: &mut ProfileBuilder<LocationKey, MappingKey>,
+    symbolizer: &mut Symbolizer,
+    frame: unwind::RawFrame,
+) -> usize {
+    let mapping = builder.mapping(MappingKey::Kernel, || Mapping {
+        file: "[kernel.kallsyms]".into(),
+        ..Mapping::default()
+    });
+    builder.widen_mapping(mapping, frame.pc);
+    let key = LocationKey::Kernel {
+        lookup_pc: frame.lookup_pc,
+    };
+    builder.location(key, |builder| {
+        let symbolized = symbolizer.kernel(frame.lookup_pc);
+        if symbolized.resolved {
+            builder.mapping_has_functions(mapping);
+        }
+        location(builder, symbolized, frame.pc, Some(mapping), true)
+    })
+}
+
+fn user_location(
+    builder: &mut ProfileBuilder<LocationKey, MappingKey>,
+    symbolizer: &mut Symbolizer,
+    pid: u32,
+    process: Option<&Process>,
+    frame: unwind::RawFrame,
+) -> usize {
+    let key = LocationKey::User {
+        pid,
+        pc: frame.pc,
+        lookup_pc: frame.lookup_pc,
+    };
+    builder.location(key, |builder| {
+        let symbolized = symbolizer.user(process, frame.pc, frame.lookup_pc);
+        let mapping = process.and_then(|p| p.mapping_for(frame.pc)).map(|m| {
+            let index = builder.mapping(
+                MappingKey::User {
+                    pid,
+                    start: m.start,
+                },
+                || Mapping {
+                    start: m.start,
+                    limit: m.end,
+                    file_offset: m.offset,
+                    file: m
+                        .path
+                        .as_ref()
+                        .map_or_else(|| m.name.clone(), |p| p.display().to_string()),
+                    build_id: m
+                        .object
+                        .as_ref()
+                        .and_then(|o| symbolizer.build_id(&o.id))
+                        .unwrap_or_default(),
+                    has_functions: false,
+                },
+            );
+            if symbolized.resolved {
+                builder.mapping_has_functions(index);
+            }
+            index
+        });
+        location(builder, symbolized, frame.pc, mapping, false)
+    })
+}
+
+fn location(
+    builder: &mut ProfileBuilder<LocationKey, MappingKey>,
+    symbolized: Symbolized,
+    address: u64,
+    mapping: Option<usize>,
+    kernel: bool,
+) -> Location {
+    let lines = symbolized
+        .frames
+        .into_iter()
+        .map(|frame| {
+            builder.line(
+                Function {
+                    name: frame.function,
+                    system_name: frame.system_name.unwrap_or_default(),
+                    file: frame.file.unwrap_or_default(),
+                },
+                frame.line.unwrap_or(0),
+            )
+        })
+        .collect();
+    Location {
+        address,
+        mapping,
+        lines,
+        kernel,
+    }
+}

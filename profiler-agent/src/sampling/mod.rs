@@ -1,0 +1,204 @@
+//! Sampling: load the BPF program, attach it to a CPU-clock perf event on
+//! every online CPU, and hand each sample to the caller.
+//!
+//! One code path serves `--pid` and system-wide profiling: the pid filter is
+//! a BPF hash map consulted before any stack work, so other processes cost
+//! the kernel one map lookup per sample.
+
+mod errors;
+mod privileges;
+
+pub use errors::SamplingError;
+pub use privileges::check_privileges;
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::PerfEvent;
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
+use profiler_common::{Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
+
+/// The compiled BPF object, built by this crate's build script.
+static BPF_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
+
+/// What to sample.
+#[derive(Debug, Clone)]
+pub struct SamplingConfig {
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    /// Processes to sample; empty means every process on the machine.
+    pub pids: Vec<u32>,
+}
+
+/// Totals of the in-kernel counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    pub fired: u64,
+    pub idle: u64,
+    pub filtered_out: u64,
+    pub sent: u64,
+    pub ring_buffer_full: u64,
+    pub user_stack_failed: u64,
+    pub kernel_stack_failed: u64,
+}
+
+impl KernelCounters {
+    fn set(&mut self, counter: Counter, value: u64) {
+        let slot = match counter {
+            Counter::Fired => &mut self.fired,
+            Counter::Idle => &mut self.idle,
+            Counter::FilteredOut => &mut self.filtered_out,
+            Counter::Sent => &mut self.sent,
+            Counter::RingBufferFull => &mut self.ring_buffer_full,
+            Counter::UserStackFailed => &mut self.user_stack_failed,
+            Counter::KernelStackFailed => &mut self.kernel_stack_failed,
+        };
+        *slot = value;
+    }
+}
+
+/// A loaded and attached sampler. Dropping it detaches every perf event.
+pub struct Sampler {
+    // Field order matters on drop: the ring buffer and maps are views of
+    // maps owned by `ebpf`.
+    samples: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    /// The loaded programs and their perf-event links; `None` once detached.
+    ebpf: Option<Ebpf>,
+    cpus: Vec<u32>,
+}
+
+impl Sampler {
+    /// Loads the program, fills the pid filter and attaches to every CPU.
+    pub fn start(config: &SamplingConfig) -> Result<Self, SamplingError> {
+        if config.frequency_hz == 0 {
+            return Err(SamplingError::BadFrequency(config.frequency_hz));
+        }
+        if config.pids.len() > MAX_PID_FILTER as usize {
+            return Err(SamplingError::TooManyPids {
+                given: config.pids.len(),
+                max: MAX_PID_FILTER as usize,
+            });
+        }
+        // Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
+        raise_memlock_limit();
+
+        let filter: u8 = u8::from(!config.pids.is_empty());
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_FILTER_PIDS, &filter, true)
+            .load(BPF_OBJECT)
+            .map_err(SamplingError::load)?;
+
+        if !config.pids.is_empty() {
+            let mut pid_filter: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(
+                ebpf.map_mut("PID_FILTER")
+                    .ok_or(SamplingError::MissingMap("PID_FILTER"))?,
+            )
+            .map_err(|e| SamplingError::Map("PID_FILTER", e))?;
+            for &pid in &config.pids {
+                pid_filter
+                    .insert(pid, 1, 0)
+                    .map_err(|e| SamplingError::Map("PID_FILTER", e))?;
+            }
+        }
+
+        let program: &mut PerfEvent = ebpf
+            .program_mut("sample_stack")
+            .ok_or(SamplingError::MissingProgram("sample_stack"))?
+            .try_into()
+            .map_err(SamplingError::program)?;
+        program.load().map_err(SamplingError::program)?;
+        let cpus =
+            aya::util::online_cpus().map_err(|(path, e)| SamplingError::OnlineCpus(path, e))?;
+        for &cpu in &cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(config.frequency_hz),
+                    false,
+                )
+                .map_err(|e| SamplingError::Attach { cpu, source: e })?;
+        }
+
+        let samples = RingBuf::try_from(
+            ebpf.take_map("SAMPLES")
+                .ok_or(SamplingError::MissingMap("SAMPLES"))?,
+        )
+        .map_err(|e| SamplingError::Map("SAMPLES", e))?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map("COUNTERS")
+                .ok_or(SamplingError::MissingMap("COUNTERS"))?,
+        )
+        .map_err(|e| SamplingError::Map("COUNTERS", e))?;
+        Ok(Sampler {
+            samples,
+            counters,
+            ebpf: Some(ebpf),
+            cpus,
+        })
+    }
+
+    /// CPUs with an attached perf event.
+    pub fn cpus(&self) -> &[u32] {
+        &self.cpus
+    }
+
+    /// Waits up to `timeout` for samples, then passes every sample in the
+    /// ring buffer to `on_sample`. Returns how many it passed.
+    pub fn drain(&mut self, timeout: Duration, mut on_sample: impl FnMut(&Sample)) -> usize {
+        let mut pollfd = libc::pollfd {
+            fd: self.samples.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd; EINTR (a signal) just ends the wait early.
+        unsafe { libc::poll(&mut pollfd, 1, millis) };
+        let mut count = 0;
+        while let Some(item) = self.samples.next() {
+            if item.len() >= std::mem::size_of::<Sample>() {
+                // SAFETY: the BPF program writes exactly one `Sample` per
+                // record; read_unaligned because ring-buffer records are only
+                // 8-byte aligned by contract, not by Rust's type system.
+                let sample = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sample>()) };
+                on_sample(&sample);
+                count += 1;
+            }
+        }
+        count
+    }
+
+    /// Detaches the program from every CPU (closing the perf events). The
+    /// ring buffer and counters stay readable, so samples already in flight
+    /// can still be drained.
+    pub fn detach(&mut self) {
+        self.ebpf = None;
+    }
+
+    /// Reads the in-kernel counters, summed over CPUs.
+    pub fn counters(&self) -> KernelCounters {
+        let mut totals = KernelCounters::default();
+        for counter in Counter::ALL {
+            let value = self
+                .counters
+                .get(&(counter as u32), 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or(0);
+            totals.set(counter, value);
+        }
+        totals
+    }
+}
+
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid struct; failure only matters on
+    // old kernels, where loading reports it.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+}

@@ -1,0 +1,97 @@
+//! ELF object files: load segments (to turn file offsets into virtual
+//! addresses), the build id, and the resolvers that name addresses.
+
+mod symbols;
+
+pub use symbols::ElfSymbols;
+
+use object::{Object, ObjectSegment};
+
+use super::frame::{Frame, Resolver};
+
+/// Runs a parser over untrusted bytes, turning a panic inside a parsing
+/// crate into an error so one malformed binary cannot take the profile down.
+pub fn guard<T>(parse: impl FnOnce() -> Result<T, ElfError>) -> Result<T, ElfError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse)).unwrap_or(Err(ElfError::Panicked))
+}
+
+/// A `PT_LOAD` segment: where file bytes land in the object's address space.
+#[derive(Debug, Clone, Copy)]
+struct LoadSegment {
+    file_offset: u64,
+    file_size: u64,
+    address: u64,
+}
+
+/// A parsed object file, ready to answer lookups. Parsed once per object
+/// per run and shared by every process that maps it.
+pub struct ElfObject {
+    segments: Vec<LoadSegment>,
+    /// GNU build id, as raw bytes.
+    pub build_id: Option<Vec<u8>>,
+    resolvers: Vec<Box<dyn Resolver>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    #[error("not a readable ELF file: {0}")]
+    Parse(#[from] object::Error),
+    #[error("the ELF parser panicked on this file (malformed input)")]
+    Panicked,
+}
+
+impl ElfObject {
+    /// Parses an object from its bytes. Malformed input is an error, never
+    /// a panic of the agent.
+    pub fn parse(data: &[u8]) -> Result<Self, ElfError> {
+        guard(|| Ok(Self::from_file(&object::File::parse(data)?)))
+    }
+
+    /// Builds the lookup tables of an already parsed file.
+    pub fn from_file(file: &object::File<'_>) -> Self {
+        let segments = file
+            .segments()
+            .map(|segment| {
+                let (file_offset, file_size) = segment.file_range();
+                LoadSegment {
+                    file_offset,
+                    file_size,
+                    address: segment.address(),
+                }
+            })
+            .collect();
+        let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
+        let symbols = ElfSymbols::from_object(file);
+        let mut resolvers: Vec<Box<dyn Resolver>> = Vec::new();
+        if !symbols.is_empty() {
+            resolvers.push(Box::new(symbols));
+        }
+        ElfObject {
+            segments,
+            build_id,
+            resolvers,
+        }
+    }
+
+    /// The virtual address that file offset `offset` is loaded at, through
+    /// the `PT_LOAD` segment holding it. This is the load-bias step: a
+    /// runtime address minus its mapping's start plus the mapping's file
+    /// offset gives `offset`, whatever address the loader chose.
+    pub fn offset_to_address(&self, offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| s.file_offset <= offset && offset < s.file_offset + s.file_size)
+            .map(|s| s.address + (offset - s.file_offset))
+    }
+
+    /// Frames for an ELF virtual address, from the first resolver that
+    /// knows it.
+    pub fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
+        self.resolvers.iter().find_map(|r| r.resolve(address))
+    }
+
+    /// Whether any resolver can name functions in this object.
+    pub fn has_symbols(&self) -> bool {
+        !self.resolvers.is_empty()
+    }
+}

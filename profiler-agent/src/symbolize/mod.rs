@@ -1,0 +1,194 @@
+//! Symbolization: runtime addresses → functions, files and lines.
+//!
+//! Two steps, as in blazesym: *normalize* a process address into (object,
+//! file offset → ELF virtual address) through the process's mappings, then
+//! *resolve* that address with the object's resolvers. Objects are parsed
+//! once per run, keyed by (device, inode) and shared by GNU build id.
+//! Nothing here fails a profile: an address that cannot be named becomes a
+//! frame like `libfoo.so+0x1234` and is counted.
+
+pub mod demangle;
+pub mod elf;
+mod frame;
+pub mod kernel;
+
+pub use elf::{ElfError, ElfObject};
+pub use frame::{Frame, Resolver};
+pub use kernel::KernelSymbols;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::process::{Mapping, ObjectFile, ObjectId, Process};
+
+/// Counts of what symbolization did, reported at the end of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SymbolizerStats {
+    pub objects_parsed: u64,
+    /// Objects that could not be opened or parsed (their frames stay
+    /// unsymbolized).
+    pub objects_failed: u64,
+    pub user_resolved: u64,
+    pub user_unresolved: u64,
+    pub kernel_resolved: u64,
+    pub kernel_unresolved: u64,
+}
+
+/// The frames of one address, innermost first; never empty.
+#[derive(Debug, Clone)]
+pub struct Symbolized {
+    pub frames: Vec<Frame>,
+    /// Whether a resolver named it (false for `libfoo.so+0x1234` frames).
+    pub resolved: bool,
+}
+
+impl Symbolized {
+    fn unresolved(name: String) -> Self {
+        Symbolized {
+            frames: vec![Frame::named(name)],
+            resolved: false,
+        }
+    }
+}
+
+pub struct Symbolizer {
+    objects: HashMap<ObjectId, Option<Arc<ElfObject>>>,
+    by_build_id: HashMap<Vec<u8>, Arc<ElfObject>>,
+    kallsyms: PathBuf,
+    kernel: Option<Result<KernelSymbols, String>>,
+    /// One line per object or source that failed, for the run's report.
+    pub problems: Vec<String>,
+    pub stats: SymbolizerStats,
+}
+
+impl Default for Symbolizer {
+    fn default() -> Self {
+        Self::new("/proc/kallsyms")
+    }
+}
+
+impl Symbolizer {
+    pub fn new(kallsyms: impl Into<PathBuf>) -> Self {
+        Symbolizer {
+            objects: HashMap::new(),
+            by_build_id: HashMap::new(),
+            kallsyms: kallsyms.into(),
+            kernel: None,
+            problems: Vec::new(),
+            stats: SymbolizerStats::default(),
+        }
+    }
+
+    /// The parsed object behind `file`, parsing it on first use.
+    pub fn object(&mut self, file: &ObjectFile) -> Option<Arc<ElfObject>> {
+        if let Some(parsed) = self.objects.get(&file.id) {
+            return parsed.clone();
+        }
+        let parsed = match self.parse(file) {
+            Ok(object) => {
+                self.stats.objects_parsed += 1;
+                Some(object)
+            }
+            Err(reason) => {
+                self.stats.objects_failed += 1;
+                self.problems
+                    .push(format!("{}: {reason}", file.path.display()));
+                None
+            }
+        };
+        self.objects.insert(file.id, parsed.clone());
+        parsed
+    }
+
+    fn parse(&mut self, file: &ObjectFile) -> Result<Arc<ElfObject>, String> {
+        let handle = file
+            .file
+            .as_ref()
+            .map_err(|e| format!("unreadable ({e})"))?;
+        // SAFETY: a read-only private mapping of a file we only read; if the
+        // file is truncated underneath us, reads fault — the same risk every
+        // profiler reading live binaries takes; binaries are not rewritten in
+        // place by package managers (they replace the inode).
+        let data = unsafe { memmap2::Mmap::map(handle) }.map_err(|e| format!("mmap: {e}"))?;
+        elf::guard(|| {
+            let parsed = object::File::parse(&*data)?;
+            let build_id = object::Object::build_id(&parsed).ok().flatten();
+            if let Some(shared) = build_id.and_then(|id| self.by_build_id.get(id)) {
+                return Ok(shared.clone());
+            }
+            let object = Arc::new(ElfObject::from_file(&parsed));
+            if let Some(id) = &object.build_id {
+                self.by_build_id.insert(id.clone(), object.clone());
+            }
+            Ok(object)
+        })
+        .map_err(|e| e.to_string())
+    }
+
+    /// Symbolizes a user-space address of `process`. `lookup_pc` is the
+    /// address to look up (a return address minus one for callers, see
+    /// `unwind`); the frame name of an unknown address keeps `pc`.
+    pub fn user(&mut self, process: Option<&Process>, pc: u64, lookup_pc: u64) -> Symbolized {
+        let mapping = process.and_then(|p| p.mapping_for(pc));
+        let result = match mapping {
+            None => Symbolized::unresolved(format!("[unknown] {pc:#x}")),
+            Some(mapping) => self.in_mapping(mapping, lookup_pc),
+        };
+        if result.resolved {
+            self.stats.user_resolved += 1;
+        } else {
+            self.stats.user_unresolved += 1;
+        }
+        result
+    }
+
+    fn in_mapping(&mut self, mapping: &Mapping, lookup_pc: u64) -> Symbolized {
+        let offset = mapping.file_offset(lookup_pc);
+        let Some(object) = mapping.object.as_ref().and_then(|file| self.object(file)) else {
+            return Symbolized::unresolved(format!("{}+{offset:#x}", mapping.name));
+        };
+        let Some(address) = object.offset_to_address(offset) else {
+            return Symbolized::unresolved(format!("{}+{offset:#x}", mapping.name));
+        };
+        match object.resolve(address) {
+            Some(frames) if !frames.is_empty() => Symbolized {
+                frames,
+                resolved: true,
+            },
+            _ => Symbolized::unresolved(format!("{}+{address:#x}", mapping.name)),
+        }
+    }
+
+    /// Symbolizes a kernel address through `/proc/kallsyms` (read once).
+    pub fn kernel(&mut self, lookup_pc: u64) -> Symbolized {
+        let kallsyms = &self.kallsyms;
+        let problems = &mut self.problems;
+        let symbols = self.kernel.get_or_insert_with(|| {
+            KernelSymbols::load(kallsyms).map_err(|e| {
+                problems.push(e.to_string());
+                e.to_string()
+            })
+        });
+        let result = match symbols.as_ref().ok().and_then(|s| s.lookup(lookup_pc)) {
+            Some(name) => Symbolized {
+                frames: vec![Frame::named(name)],
+                resolved: true,
+            },
+            None => Symbolized::unresolved(format!("[kernel] {lookup_pc:#x}")),
+        };
+        if result.resolved {
+            self.stats.kernel_resolved += 1;
+        } else {
+            self.stats.kernel_unresolved += 1;
+        }
+        result
+    }
+
+    /// The GNU build id of a mapped object, as lowercase hex, once parsed.
+    pub fn build_id(&self, id: &ObjectId) -> Option<String> {
+        let object = self.objects.get(id)?.as_ref()?;
+        let bytes = object.build_id.as_ref()?;
+        Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    }
+}

@@ -1,0 +1,42 @@
+//! Turning the raw program counters of a sample into frames to symbolize.
+//!
+//! Today the kernel walks frame pointers (`bpf_get_stack`); this stage
+//! decides which address to look up for each frame. Repair rules (Go's
+//! pcsp tables, `.eh_frame` CFI) plug in here, starting from the
+//! `UserRegs` each sample carries.
+
+pub mod arch;
+
+/// One frame of a raw stack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawFrame {
+    /// The address as sampled: the interrupted PC for the leaf, a return
+    /// address for every caller.
+    pub pc: u64,
+    /// The address to symbolize: inside the call instruction for callers,
+    /// so the caller's function and line are the call's, not the next
+    /// statement's (which may be another function after a noreturn call).
+    pub lookup_pc: u64,
+}
+
+/// Frames of a leaf-first stack of PCs, as `bpf_get_stack` returns them.
+pub fn frames(pcs: &[u64]) -> impl Iterator<Item = RawFrame> + '_ {
+    pcs.iter().enumerate().map(|(depth, &pc)| RawFrame {
+        pc,
+        lookup_pc: if depth == 0 { pc } else { arch::call_site(pc) },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callers_are_looked_up_inside_the_call() {
+        let frames: Vec<_> = frames(&[0x1000, 0x2005, 0x3010]).collect();
+        assert_eq!(frames[0].lookup_pc, 0x1000);
+        assert_eq!(frames[1].pc, 0x2005);
+        assert!(frames[1].lookup_pc < 0x2005 && frames[1].lookup_pc >= 0x2005 - 4);
+        assert!(frames[2].lookup_pc < 0x3010);
+    }
+}
