@@ -94,8 +94,17 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether `pid` is a live process: present in /proc and not a zombie
+/// (an exited process its parent has not reaped yet).
 fn process_exists(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised name, which may itself hold ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
 }
 
 fn recorder_cpus(recorder: &Recorder) -> usize {

@@ -1,0 +1,80 @@
+//! Bad input gets a clear error and a non-zero exit, never a crash.
+
+use profiler_tests::*;
+
+fn stderr_of(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn missing_pid_is_named() {
+    let pid = (4_000_000..4_194_304)
+        .find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists())
+        .unwrap()
+        .to_string();
+    let output = run_agent(&["--pid", &pid, "--duration", "1s", "-o", "/tmp/never.pb.gz"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.contains(&format!("no process with pid {pid}")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn invalid_flags_get_usage_errors() {
+    for args in [
+        &["--frequency", "0"][..],
+        &["--bogus"][..],
+        &["--duration", "soon"][..],
+        &["--pid", "abc"][..],
+    ] {
+        let output = run_agent(args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr_of(&output)
+        );
+        let stderr = stderr_of(&output);
+        assert!(
+            stderr.starts_with("error:") && stderr.contains("--help"),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn unknown_output_extension_says_which_are_known() {
+    let output = run_agent(&["-o", "profile.json"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.contains(".pb.gz") && stderr.contains(".svg"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn pid_that_exits_before_the_first_sample_is_an_error() {
+    require_bpf_privileges();
+    // `sleep` never runs on a CPU long enough to be sampled at 1 Hz.
+    let sleeper = Running::start(std::path::Path::new("/bin/sleep"), &["0.5"]);
+    let pid = sleeper.pid().to_string();
+    let output = run_agent(&[
+        "--pid",
+        &pid,
+        "-F",
+        "1",
+        "--duration",
+        "3s",
+        "-o",
+        "/tmp/never.pb.gz",
+    ]);
+    let stderr = stderr_of(&output);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("exited before the first sample"),
+        "{stderr}"
+    );
+}
