@@ -1,1 +1,127 @@
-fn main() {}
+//! Developer entry points. `cargo xtask run -- ARGS` and `cargo xtask test`
+//! are the README's two commands; both install whatever is missing first.
+
+mod setup;
+mod shell;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+
+use setup::Tier;
+use shell::{TestCounts, cargo, run, run_tests};
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  setup [--tests]     install what building (and, with --tests, testing) needs
+  build               setup, then build the release agent (BPF object embedded)
+  run -- ARGS...      setup, build, then run the agent with ARGS (as root)
+  test                setup, then formatting, clippy, every test, and the
+                      aarch64 cross-build: what CI runs";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("setup") => setup::ensure(if args.iter().any(|a| a == "--tests") {
+            Tier::Test
+        } else {
+            Tier::Build
+        }),
+        Some("build") => build_release().map(|_| ()),
+        Some("run") => run_agent(&args[1..]),
+        Some("test") => test(),
+        Some("-h" | "--help" | "help") | None => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(anyhow::anyhow!("unknown command {other:?}\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask/ has a parent")
+        .to_path_buf()
+}
+
+fn build_release() -> anyhow::Result<PathBuf> {
+    setup::ensure(Tier::Build)?;
+    run(cargo().args(["build", "--release", "-p", "profiler-agent"]))?;
+    Ok(workspace_root().join("target/release/profiler-agent"))
+}
+
+fn run_agent(args: &[String]) -> anyhow::Result<()> {
+    let args = match args.first().map(String::as_str) {
+        Some("--") => &args[1..],
+        _ => args,
+    };
+    let agent = build_release()?;
+    let status = std::process::Command::new(&agent)
+        .args(args)
+        .status()
+        .with_context(|| format!("starting {}", agent.display()))?;
+    if !status.success() {
+        bail!("profiler-agent exited with {status}");
+    }
+    Ok(())
+}
+
+fn test() -> anyhow::Result<()> {
+    setup::ensure(Tier::Test)?;
+    let root = workspace_root();
+    run(cargo().args(["fmt", "--all", "--", "--check"]))
+        .context("formatting: run `cargo fmt --all`")?;
+    run(cargo().args(["clippy", "--all-targets", "--", "-D", "warnings"]))?;
+    run(cargo().args(["build", "-p", "profiler-agent"]))?;
+    let agent = root.join("target/debug/profiler-agent");
+    // Unit tests in parallel; the end-to-end tests one at a time, so two
+    // profiles never compete for the machine's two CPUs.
+    let mut counts = TestCounts::default();
+    let unit = run_tests(
+        cargo()
+            .args([
+                "test",
+                "--workspace",
+                "--exclude",
+                "profiler-ebpf",
+                "--exclude",
+                "profiler-tests",
+            ])
+            .env("PROFILER_AGENT_BIN", &agent),
+        &mut counts,
+    );
+    let end_to_end = run_tests(
+        cargo()
+            .args(["test", "-p", "profiler-tests", "--", "--test-threads=1"])
+            .env("PROFILER_AGENT_BIN", &agent),
+        &mut counts,
+    );
+    println!(
+        "tests: {} passed, {} failed, {} skipped",
+        counts.passed, counts.failed, counts.ignored
+    );
+    unit?;
+    end_to_end?;
+    // The product promises arm64: the agent and its BPF object must build
+    // for it (running there comes later).
+    run(cargo().args([
+        "build",
+        "-p",
+        "profiler-agent",
+        "--target",
+        "aarch64-unknown-linux-gnu",
+    ]))?;
+    eprintln!("xtask: all checks passed");
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! Idempotent setup: checks each requirement and installs only what is
+//! missing, so a second run costs well under a second.
+//!
+//! Sources: Debian packages (apt), rustup components, and crates.io
+//! (`cargo install bpf-linker`), the registries this kind of machine reaches.
+
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use super::shell::{output, run, succeeds};
+
+/// How much to install.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    /// Enough to build and run the agent.
+    Build,
+    /// Also what the test suite needs (fixture toolchains, go tool pprof,
+    /// the arm64 cross toolchain).
+    Test,
+}
+
+/// bpf-linker's version pinned for the aya 0.14 line; built against LLVM 22
+/// (Debian's default LLVM 14 cannot link rustc's bitcode).
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+/// Debian packages needed to build bpf-linker.
+const BPF_LINKER_BUILD_PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "zlib1g-dev",
+];
+
+/// Debian packages the tests use: C fixtures (gcc, binutils' nm and
+/// addr2line), `go tool pprof` (golang-go), the arm64 cross linker.
+const TEST_PACKAGES: &[&str] = &[
+    "gcc",
+    "binutils",
+    "golang-go",
+    "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+];
+
+pub fn ensure(tier: Tier) -> anyhow::Result<()> {
+    let mut apt = Apt::default();
+    ensure_nightly_rust_src()?;
+    ensure_bpf_linker(&mut apt)?;
+    if tier >= Tier::Test {
+        apt.install(TEST_PACKAGES)?;
+        ensure_rust_target("aarch64-unknown-linux-gnu")?;
+    }
+    Ok(())
+}
+
+fn ensure_nightly_rust_src() -> anyhow::Result<()> {
+    if !succeeds(Command::new("rustup").args(["run", "nightly", "rustc", "--version"])) {
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))
+        .context("the BPF programs build with a nightly toolchain")?;
+    }
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        "nightly",
+    ]))
+    .unwrap_or_default();
+    if !installed.lines().any(|l| l.starts_with("rust-src")) {
+        run(Command::new("rustup").args([
+            "component",
+            "add",
+            "rust-src",
+            "--toolchain",
+            "nightly",
+        ]))
+        .context("the BPF build needs nightly's rust-src (-Z build-std=core)")?;
+    }
+    Ok(())
+}
+
+fn ensure_rust_target(target: &str) -> anyhow::Result<()> {
+    let installed =
+        output(Command::new("rustup").args(["target", "list", "--installed"])).unwrap_or_default();
+    if !installed.lines().any(|l| l.trim() == target) {
+        run(Command::new("rustup").args(["target", "add", target]))?;
+    }
+    Ok(())
+}
+
+fn ensure_bpf_linker(apt: &mut Apt) -> anyhow::Result<()> {
+    let version = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if version.contains(BPF_LINKER_VERSION) {
+        return Ok(());
+    }
+    apt.install(BPF_LINKER_BUILD_PACKAGES)?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    run(Command::new(cargo)
+        .args([
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ])
+        .env("LLVM_PREFIX", LLVM_PREFIX))
+    .context("building bpf-linker (about 2 minutes)")
+}
+
+/// Installs Debian packages, running `apt-get update` at most once and only
+/// when something is missing.
+#[derive(Default)]
+struct Apt {
+    updated: bool,
+}
+
+impl Apt {
+    fn install(&mut self, packages: &[&str]) -> anyhow::Result<()> {
+        let missing: Vec<&str> = packages
+            .iter()
+            .copied()
+            .filter(|p| !is_installed(p))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let sudo = !is_root();
+        if sudo && !succeeds(Command::new("sudo").arg("-n").arg("true")) {
+            bail!(
+                "missing Debian packages {}: run `sudo apt-get install {}` or run this as root",
+                missing.join(" "),
+                missing.join(" ")
+            );
+        }
+        let apt_get = |args: &[&str]| {
+            let mut command = if sudo {
+                let mut c = Command::new("sudo");
+                c.arg("apt-get");
+                c
+            } else {
+                Command::new("apt-get")
+            };
+            command.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+            command
+        };
+        if !self.updated {
+            run(&mut apt_get(&["update", "-q"]))?;
+            self.updated = true;
+        }
+        let mut args = vec!["install", "-y", "-q", "--no-install-recommends"];
+        args.extend(&missing);
+        run(&mut apt_get(&args))
+    }
+}
+
+fn is_installed(package: &str) -> bool {
+    output(Command::new("dpkg-query").args(["-W", "-f", "${Status}", package]))
+        .is_some_and(|status| status.contains("install ok installed"))
+}
+
+fn is_root() -> bool {
+    output(Command::new("id").arg("-u")).is_some_and(|uid| uid.trim() == "0")
+}
