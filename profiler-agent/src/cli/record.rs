@@ -196,7 +196,7 @@ fn report(
         );
     }
     eprintln!(
-        "  symbols: {} objects read, {} unreadable; frames named {} user + {} kernel, \
+        "  symbols: {} objects read, {} unreadable; addresses named {} user + {} kernel, \
          unnamed {} user + {} kernel; {} stacks at the {}-frame limit",
         s.objects_parsed,
         s.objects_failed,
