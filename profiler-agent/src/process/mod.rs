@@ -58,6 +58,18 @@ pub struct Process {
 }
 
 impl Process {
+    /// A process known from elsewhere than /proc (tests, replays).
+    pub fn new(pid: u32, name: impl Into<String>, mut mappings: Vec<Mapping>) -> Self {
+        mappings.sort_by_key(|m| m.start);
+        Process {
+            pid,
+            name: name.into(),
+            mappings,
+            captured: true,
+            maps_read_at: Instant::now(),
+        }
+    }
+
     pub fn mapping_for(&self, address: u64) -> Option<&Mapping> {
         let index = self.mappings.partition_point(|m| m.start <= address);
         let mapping = self.mappings.get(index.checked_sub(1)?)?;

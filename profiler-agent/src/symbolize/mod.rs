@@ -192,3 +192,97 @@ impl Symbolizer {
         Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs::File;
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::process::{Mapping, ObjectFile, ObjectId, Process};
+
+    fn process_mapping(path: &Path, inode: u64) -> Process {
+        let object = ObjectFile {
+            id: ObjectId { dev: (0, 1), inode },
+            path: path.to_path_buf(),
+            file: File::open(path).map_err(|e| e.to_string()),
+        };
+        Process::new(
+            7,
+            "victim",
+            vec![Mapping {
+                start: 0x10000,
+                end: 0x20000,
+                offset: 0x1000,
+                name: path.file_name().unwrap().to_string_lossy().into_owned(),
+                path: Some(path.to_path_buf()),
+                object: Some(Arc::new(object)),
+            }],
+        )
+    }
+
+    #[test]
+    fn malformed_binary_leaves_frames_unsymbolized_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("libgarbage.so");
+        std::fs::write(&path, b"\x7fELF this is not really an ELF file").unwrap();
+        let process = process_mapping(&path, 1);
+        let mut symbolizer = Symbolizer::new(dir.path().join("no-kallsyms"));
+        let result = symbolizer.user(Some(&process), 0x10234, 0x10234);
+        assert!(!result.resolved);
+        assert_eq!(result.frames[0].function, "libgarbage.so+0x1234");
+        assert_eq!(symbolizer.stats.objects_failed, 1);
+        assert_eq!(symbolizer.stats.user_unresolved, 1);
+        assert!(
+            symbolizer.problems[0].contains("libgarbage.so"),
+            "{:?}",
+            symbolizer.problems
+        );
+        // Parsed (and failed) once, not once per address.
+        symbolizer.user(Some(&process), 0x10300, 0x10300);
+        assert_eq!(symbolizer.stats.objects_failed, 1);
+    }
+
+    #[test]
+    fn unreadable_binary_and_unmapped_addresses_keep_their_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gone");
+        let process = process_mapping(&path, 2);
+        let mut symbolizer = Symbolizer::new(dir.path().join("no-kallsyms"));
+        let result = symbolizer.user(Some(&process), 0x10010, 0x10010);
+        assert_eq!(result.frames[0].function, "gone+0x1010");
+        let result = symbolizer.user(Some(&process), 0x90000, 0x90000);
+        assert_eq!(result.frames[0].function, "[unknown] 0x90000");
+        let result = symbolizer.kernel(0xffffffff81000000);
+        assert!(!result.resolved);
+        assert!(
+            symbolizer
+                .problems
+                .iter()
+                .any(|p| p.contains("no-kallsyms"))
+        );
+    }
+
+    #[test]
+    fn truncated_and_corrupted_elf_never_panics() {
+        let data = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+        for length in [0, 4, 16, 64, 100, 1000, 4096, data.len() / 2] {
+            let _ = ElfObject::parse(&data[..length.min(data.len())]);
+        }
+        // Flip bytes across the headers and tables, deterministically.
+        let mut corrupted = data[..data.len().min(1 << 20)].to_vec();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for _ in 0..200 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let index = (seed as usize) % corrupted.len().min(8192);
+            corrupted[index] ^= (seed >> 32) as u8 | 1;
+            if let Ok(object) = ElfObject::parse(&corrupted) {
+                let _ = object.resolve(0x1000);
+                let _ = object.offset_to_address(0x1000);
+            }
+        }
+    }
+}

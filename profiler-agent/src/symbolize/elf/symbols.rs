@@ -112,3 +112,193 @@ impl Resolver for ElfSymbols {
         }])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use super::ElfSymbols;
+
+    fn fixture_source(relative: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures")
+            .join(relative)
+    }
+
+    fn compile(compiler: &str, source: &str, flags: &[&str], dir: &Path) -> PathBuf {
+        let out = dir.join("fixture");
+        let status = Command::new(compiler)
+            .args(flags)
+            .arg("-o")
+            .arg(&out)
+            .arg(fixture_source(source))
+            .status()
+            .unwrap_or_else(|e| panic!("running {compiler} (cargo xtask setup --tests): {e}"));
+        assert!(status.success(), "{compiler} {source} failed");
+        out
+    }
+
+    /// `nm` lines of defined code symbols: (address, size, type, name).
+    fn nm(binary: &Path, demangle: bool) -> Vec<(u64, Option<u64>, char, String)> {
+        let mut command = Command::new("nm");
+        command.args(["--defined-only", "-S"]);
+        if demangle {
+            command.arg("-C");
+        }
+        let output = command.arg(binary).output().expect("running nm (binutils)");
+        assert!(output.status.success());
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.splitn(4, ' ').collect();
+                let address = u64::from_str_radix(fields[0], 16).ok()?;
+                let (size, kind, name) = match fields.len() {
+                    4 => (
+                        u64::from_str_radix(fields[1], 16).ok(),
+                        fields[2],
+                        fields[3],
+                    ),
+                    3 => (None, fields[1], fields[2]),
+                    _ => return None,
+                };
+                let kind = kind.chars().next()?;
+                matches!(kind, 'T' | 't' | 'W' | 'w')
+                    .then(|| (address, size, kind, name.to_string()))
+            })
+            .collect()
+    }
+
+    fn symbols_of(binary: &Path) -> ElfSymbols {
+        let data = std::fs::read(binary).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        ElfSymbols::from_object(&file)
+    }
+
+    /// Every code symbol `nm` lists is found at its address and at its
+    /// last byte, under its own name or an alias at the same address.
+    fn assert_agrees_with_nm(binary: &Path) -> usize {
+        use object::{Object, ObjectSection, SectionKind};
+        let symbols = symbols_of(binary);
+        // nm's W/w (weak) covers data too: keep symbols in code sections.
+        let data = std::fs::read(binary).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let code: Vec<(u64, u64)> = file
+            .sections()
+            .filter(|s| s.kind() == SectionKind::Text)
+            .map(|s| (s.address(), s.address() + s.size()))
+            .collect();
+        let listed: Vec<_> = nm(binary, true)
+            .into_iter()
+            .filter(|(a, ..)| code.iter().any(|(lo, hi)| lo <= a && a < hi))
+            .collect();
+        let mut checked = 0;
+        for &(address, size, _, ref name) in &listed {
+            if address == 0 {
+                continue;
+            }
+            let aliases: Vec<&str> = listed
+                .iter()
+                .filter(|(a, ..)| *a == address)
+                .map(|(.., n)| n.as_str())
+                .collect();
+            let (found, _, start) = symbols
+                .lookup(address)
+                .unwrap_or_else(|| panic!("{name} at {address:#x} not found"));
+            assert_eq!(start, address, "{name}");
+            assert!(
+                aliases.contains(&found),
+                "{address:#x}: we say {found}, nm says {aliases:?}"
+            );
+            if let Some(size) = size.filter(|&s| s > 1) {
+                let (last, ..) = symbols.lookup(address + size - 1).unwrap();
+                assert!(
+                    aliases.contains(&last),
+                    "{name}+{:#x}: we say {last}",
+                    size - 1
+                );
+            }
+            checked += 1;
+        }
+        checked
+    }
+
+    #[test]
+    fn c_symbols_agree_with_nm() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = compile("cc", "c/hot.c", &["-O2", "-g"], dir.path());
+        let checked = assert_agrees_with_nm(&binary);
+        assert!(checked >= 5, "only {checked} symbols checked");
+        let symbols = symbols_of(&binary);
+        for name in ["main", "hot_a", "hot_b", "round_trip"] {
+            assert!(
+                nm(&binary, false).iter().any(|(.., n)| n == name),
+                "nm lacks {name}"
+            );
+            let address = nm(&binary, false)
+                .into_iter()
+                .find(|(.., n)| n == name)
+                .unwrap()
+                .0;
+            assert_eq!(symbols.lookup(address).unwrap().0, name);
+        }
+    }
+
+    #[test]
+    fn cpp_symbols_agree_with_nm_demangled() {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = compile("g++", "cpp/shapes.cpp", &["-O2", "-g"], dir.path());
+        let checked = assert_agrees_with_nm(&binary);
+        assert!(checked >= 5, "only {checked} symbols checked");
+        let symbols = symbols_of(&binary);
+        let demangled: Vec<String> = (0..symbols.names.len())
+            .map(|i| symbols.names[i].0.clone())
+            .collect();
+        for expected in [
+            "geometry::Circle::area() const",
+            "geometry::scale(double, int)",
+            "geometry::scale(double, double)",
+            "int geometry::sum<int>(int const*, int)",
+            "double geometry::sum<double>(double const*, int)",
+        ] {
+            // GCC may clone a function (`area() const [clone .isra.0]`).
+            assert!(
+                demangled.iter().any(|n| n.starts_with(expected)),
+                "{expected} not in {demangled:?}"
+            );
+        }
+        // The mangled name is kept as the system name.
+        let (_, system, _) = symbols
+            .lookup(
+                nm(&binary, false)
+                    .into_iter()
+                    .find(|(.., n)| n == "_ZN8geometry5scaleEdi")
+                    .unwrap()
+                    .0,
+            )
+            .unwrap();
+        assert_eq!(system, Some("_ZN8geometry5scaleEdi"));
+    }
+
+    #[test]
+    fn stripped_binaries_fall_back_to_dynsym() {
+        let dir = tempfile::tempdir().unwrap();
+        // -rdynamic exports main and friends through .dynsym; -s drops .symtab.
+        let binary = compile("cc", "c/hot.c", &["-O2", "-rdynamic", "-s"], dir.path());
+        let symbols = symbols_of(&binary);
+        assert!(!symbols.is_empty());
+        let dynamic = Command::new("nm")
+            .args(["-D", "--defined-only"])
+            .arg(&binary)
+            .output()
+            .unwrap();
+        let text = String::from_utf8(dynamic.stdout).unwrap();
+        let hot_a = text
+            .lines()
+            .find(|l| l.ends_with(" hot_a"))
+            .expect("hot_a in .dynsym");
+        let address = u64::from_str_radix(hot_a.split(' ').next().unwrap(), 16).unwrap();
+        assert_eq!(symbols.lookup(address).unwrap().0, "hot_a");
+    }
+}
