@@ -229,3 +229,30 @@ pub fn go_pprof(args: &[&str], file: &Path) -> String {
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// One frame of `profiler-agent symbolize --format json`.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct SymbolizedFrame {
+    pub function: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+    pub inlined: bool,
+}
+
+#[derive(serde::Deserialize)]
+struct SymbolizedAddress {
+    address: String,
+    frames: Vec<SymbolizedFrame>,
+}
+
+/// Parses `symbolize --format json` output into (address, frames).
+pub fn parse_symbolize_json(json: &str) -> Vec<(u64, Vec<SymbolizedFrame>)> {
+    let parsed: Vec<SymbolizedAddress> = serde_json::from_str(json).expect("symbolize JSON");
+    parsed
+        .into_iter()
+        .map(|a| {
+            let address = u64::from_str_radix(a.address.trim_start_matches("0x"), 16).unwrap();
+            (address, a.frames)
+        })
+        .collect()
+}

@@ -38,6 +38,8 @@ const BPF_LINKER_BUILD_PACKAGES: &[&str] = &[
 const TEST_PACKAGES: &[&str] = &[
     "gcc",
     "binutils",
+    // llvm-symbolizer: C++ ground truth for inline chains.
+    "llvm-22",
     "golang-go",
     "gcc-aarch64-linux-gnu",
     "libc6-dev-arm64-cross",

@@ -2,6 +2,7 @@
 //! lives here.
 
 mod record;
+mod symbolize;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,6 +34,9 @@ pub struct Cli {
 enum Command {
     /// Sample CPU stacks and write a profile (what plain `profiler-agent` does).
     Record(RecordArgs),
+    /// Print the functions, files and lines of addresses, inlined frames
+    /// included: the profiler's own symbolizer, for checking a frame.
+    Symbolize(symbolize::SymbolizeArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -79,6 +83,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Record(args)) => record::run(&args),
+        Some(Command::Symbolize(args)) => symbolize::run(&args),
         None => record::run(&cli.record),
     };
     match result {

@@ -21,19 +21,41 @@ pub struct ObjectFile {
     pub id: ObjectId,
     /// The path as the mapping process sees it.
     pub path: PathBuf,
+    /// The process's root directory (`/proc/PID/root`): where `path`, and
+    /// separate debug files, are found.
+    pub root: PathBuf,
     /// The open file, or why it could not be opened.
     pub file: Result<File, String>,
 }
 
 impl ObjectFile {
+    /// Opens a file given by path on this machine (`symbolize --binary`).
+    pub fn open_path(path: &Path) -> std::io::Result<Self> {
+        let file = File::open(path)?;
+        let meta = file.metadata()?;
+        let dev = meta.dev();
+        Ok(ObjectFile {
+            id: ObjectId {
+                // The kernel's dev_t encoding (major 12 bits, minor 20).
+                dev: (
+                    ((dev >> 8) & 0xfff) as u32,
+                    ((dev & 0xff) | ((dev >> 12) & 0xfff00)) as u32,
+                ),
+                inode: meta.ino(),
+            },
+            path: path.to_path_buf(),
+            root: PathBuf::from("/"),
+            file: Ok(file),
+        })
+    }
+
     /// Opens the file behind `entry` of the process at `proc_dir`: first
     /// through the process's root (`/proc/PID/root/PATH`, right for
     /// containers), checked against the inode in the maps line; else through
     /// `/proc/PID/map_files/START-END`, which also reaches deleted files.
     pub(super) fn open(proc_dir: &Path, entry: &MapEntry, path: &Path, id: ObjectId) -> Self {
-        let via_root = proc_dir
-            .join("root")
-            .join(path.strip_prefix("/").unwrap_or(path));
+        let root = proc_dir.join("root");
+        let via_root = root.join(path.strip_prefix("/").unwrap_or(path));
         let via_map_files = proc_dir
             .join("map_files")
             .join(format!("{:x}-{:x}", entry.start, entry.end));
@@ -43,6 +65,7 @@ impl ObjectFile {
                 return ObjectFile {
                     id,
                     path: path.to_path_buf(),
+                    root,
                     file: Ok(file),
                 };
             }
@@ -59,6 +82,7 @@ impl ObjectFile {
                 return ObjectFile {
                     id,
                     path: path.to_path_buf(),
+                    root,
                     file: Ok(file),
                 };
             }
@@ -67,6 +91,7 @@ impl ObjectFile {
         ObjectFile {
             id,
             path: path.to_path_buf(),
+            root,
             file: Err(errors.join("; ")),
         }
     }

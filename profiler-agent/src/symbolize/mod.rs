@@ -8,6 +8,7 @@
 //! frame like `libfoo.so+0x1234` and is counted.
 
 pub mod demangle;
+pub mod dwarf;
 pub mod elf;
 mod frame;
 pub mod kernel;
@@ -33,6 +34,51 @@ pub struct SymbolizerStats {
     pub user_unresolved: u64,
     pub kernel_resolved: u64,
     pub kernel_unresolved: u64,
+}
+
+/// Maps an object file read-only.
+fn map_file(file: &std::fs::File) -> Result<memmap2::Mmap, String> {
+    // SAFETY: a read-only private mapping of a file we only read; if the
+    // file is truncated underneath us, reads fault — the same risk every
+    // profiler reading live binaries takes; package managers replace
+    // binaries (a new inode) rather than rewriting them in place.
+    unsafe { memmap2::Mmap::map(file) }.map_err(|e| format!("mmap: {e}"))
+}
+
+/// Adds DWARF line and inline information: from the object itself, or
+/// from its separate debug file (build id or .gnu_debuglink), whose symbol
+/// table also helps a stripped binary.
+fn add_debug_info(
+    object: &mut ElfObject,
+    parsed: &object::File<'_>,
+    data: &Arc<memmap2::Mmap>,
+    file: &ObjectFile,
+) {
+    if let Some(dwarf) = dwarf::DwarfSymbols::from_object(parsed, data) {
+        object.insert_before_symbols(Box::new(dwarf));
+        return;
+    }
+    let Some(path) = dwarf::find_debug_file(parsed, &file.root, &file.path) else {
+        return;
+    };
+    let Some(debug_data) = std::fs::File::open(&path)
+        .ok()
+        .and_then(|f| map_file(&f).ok())
+        .map(Arc::new)
+    else {
+        return;
+    };
+    let _ = elf::guard(|| {
+        let debug = object::File::parse(&**debug_data)?;
+        if let Some(dwarf) = dwarf::DwarfSymbols::from_object(&debug, &debug_data) {
+            object.insert_before_symbols(Box::new(dwarf));
+        }
+        let symbols = elf::ElfSymbols::from_object(&debug);
+        if !symbols.is_empty() {
+            object.push_resolver(Box::new(symbols));
+        }
+        Ok(())
+    });
 }
 
 /// The frames of one address, innermost first; never empty.
@@ -106,18 +152,16 @@ impl Symbolizer {
             .file
             .as_ref()
             .map_err(|e| format!("unreadable ({e})"))?;
-        // SAFETY: a read-only private mapping of a file we only read; if the
-        // file is truncated underneath us, reads fault — the same risk every
-        // profiler reading live binaries takes; binaries are not rewritten in
-        // place by package managers (they replace the inode).
-        let data = unsafe { memmap2::Mmap::map(handle) }.map_err(|e| format!("mmap: {e}"))?;
+        let data = Arc::new(map_file(handle)?);
         elf::guard(|| {
-            let parsed = object::File::parse(&*data)?;
+            let parsed = object::File::parse(&**data)?;
             let build_id = object::Object::build_id(&parsed).ok().flatten();
             if let Some(shared) = build_id.and_then(|id| self.by_build_id.get(id)) {
                 return Ok(shared.clone());
             }
-            let object = Arc::new(ElfObject::from_file(&parsed));
+            let mut object = ElfObject::from_file(&parsed);
+            add_debug_info(&mut object, &parsed, &data, file);
+            let object = Arc::new(object);
             if let Some(id) = &object.build_id {
                 self.by_build_id.insert(id.clone(), object.clone());
             }
@@ -157,6 +201,21 @@ impl Symbolizer {
                 resolved: true,
             },
             _ => Symbolized::unresolved(format!("{}+{address:#x}", mapping.name)),
+        }
+    }
+
+    /// Symbolizes `address`, an ELF virtual address of the object `file`.
+    pub fn object_address(&mut self, file: &ObjectFile, address: u64) -> Symbolized {
+        let name = file.path.file_name().map_or_else(
+            || file.path.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        match self.object(file).and_then(|object| object.resolve(address)) {
+            Some(frames) if !frames.is_empty() => Symbolized {
+                frames,
+                resolved: true,
+            },
+            _ => Symbolized::unresolved(format!("{name}+{address:#x}")),
         }
     }
 
@@ -206,6 +265,7 @@ mod tests {
         let object = ObjectFile {
             id: ObjectId { dev: (0, 1), inode },
             path: path.to_path_buf(),
+            root: std::path::PathBuf::from("/"),
             file: File::open(path).map_err(|e| e.to_string()),
         };
         Process::new(

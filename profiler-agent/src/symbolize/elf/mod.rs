@@ -90,6 +90,22 @@ impl ElfObject {
         self.resolvers.iter().find_map(|r| r.resolve(address))
     }
 
+    /// Adds a resolver to try before the ELF symbol table (DWARF knows
+    /// lines and inline frames; the symbol table only names functions).
+    pub fn insert_before_symbols(&mut self, resolver: Box<dyn Resolver>) {
+        let at = self
+            .resolvers
+            .iter()
+            .position(|r| r.kind() == ElfSymbols::KIND)
+            .unwrap_or(self.resolvers.len());
+        self.resolvers.insert(at, resolver);
+    }
+
+    /// Adds a resolver to try last.
+    pub fn push_resolver(&mut self, resolver: Box<dyn Resolver>) {
+        self.resolvers.push(resolver);
+    }
+
     /// Whether any resolver can name functions in this object.
     pub fn has_symbols(&self) -> bool {
         !self.resolvers.is_empty()

@@ -22,6 +22,8 @@ pub struct ElfSymbols {
 }
 
 impl ElfSymbols {
+    pub const KIND: &'static str = "elf-symbols";
+
     /// Reads every function symbol of `file`: `.symtab` first, then
     /// `.dynsym` for what a stripped file still exports. At one address the
     /// first name seen wins, a global over a local.
@@ -98,7 +100,7 @@ impl ElfSymbols {
 
 impl Resolver for ElfSymbols {
     fn kind(&self) -> &'static str {
-        "elf-symbols"
+        Self::KIND
     }
 
     fn resolve(&self, address: u64) -> Option<Vec<Frame>> {

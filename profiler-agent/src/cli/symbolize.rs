@@ -1,0 +1,135 @@
+//! `profiler-agent symbolize`: addresses → frames, through the same
+//! symbolizer the profiler uses.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use crate::process::{ObjectFile, ProcessTable};
+use crate::symbolize::{Symbolized, Symbolizer};
+
+#[derive(Debug, Clone, Args)]
+#[command(after_help = "Examples:\n  \
+    profiler-agent symbolize --binary ./server 0x4a2f10 0x4a3000\n  \
+    profiler-agent symbolize --pid 1234 0x7f3a12b4c5d6 --format json")]
+pub struct SymbolizeArgs {
+    /// The binary the addresses belong to; addresses are its ELF virtual
+    /// addresses (as `nm`, `objdump` and `addr2line` use).
+    #[arg(
+        long,
+        value_name = "PATH",
+        conflicts_with = "pid",
+        required_unless_present = "pid"
+    )]
+    pub binary: Option<PathBuf>,
+
+    /// A running process; addresses are runtime addresses in it.
+    #[arg(long, value_name = "PID")]
+    pub pid: Option<u32>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub format: OutputFormat,
+
+    /// Addresses in hex (0x prefix optional).
+    #[arg(required = true, value_name = "ADDR", value_parser = parse_address)]
+    pub addresses: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+fn parse_address(text: &str) -> Result<u64, String> {
+    let hex = text
+        .strip_prefix("0x")
+        .or_else(|| text.strip_prefix("0X"))
+        .unwrap_or(text);
+    u64::from_str_radix(hex, 16).map_err(|_| format!("{text:?} is not a hex address"))
+}
+
+#[derive(Serialize)]
+struct AddressFrames {
+    address: String,
+    frames: Vec<JsonFrame>,
+}
+
+#[derive(Serialize)]
+struct JsonFrame {
+    function: String,
+    file: Option<String>,
+    line: Option<u32>,
+    inlined: bool,
+}
+
+pub fn run(args: &SymbolizeArgs) -> anyhow::Result<()> {
+    let mut symbolizer = Symbolizer::default();
+    let results: Vec<(u64, Symbolized)> = match (&args.binary, args.pid) {
+        (Some(path), _) => {
+            let file = ObjectFile::open_path(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            let results = args
+                .addresses
+                .iter()
+                .map(|&a| (a, symbolizer.object_address(&file, a)))
+                .collect();
+            if let Some(problem) = symbolizer.problems.first() {
+                bail!("{problem}");
+            }
+            results
+        }
+        (None, Some(pid)) => {
+            let mut processes = ProcessTable::default();
+            processes.observe(pid, &[]);
+            let process = processes.get(pid).filter(|p| p.captured).with_context(|| {
+                format!(
+                    "cannot read /proc/{pid}/maps: no such process, or not permitted (run as root)"
+                )
+            })?;
+            args.addresses
+                .iter()
+                .map(|&a| (a, symbolizer.user(Some(process), a, a)))
+                .collect()
+        }
+        (None, None) => bail!("give --binary PATH or --pid PID"),
+    };
+    match args.format {
+        OutputFormat::Text => {
+            for (address, symbolized) in &results {
+                for frame in &symbolized.frames {
+                    let location = match (&frame.file, frame.line) {
+                        (Some(file), Some(line)) => format!("{file}:{line}"),
+                        (Some(file), None) => format!("{file}:?"),
+                        _ => "??:?".to_string(),
+                    };
+                    let inlined = if frame.inlined { " (inlined)" } else { "" };
+                    println!("{address:#x} {} {location}{inlined}", frame.function);
+                }
+            }
+        }
+        OutputFormat::Json => {
+            let json: Vec<AddressFrames> = results
+                .into_iter()
+                .map(|(address, symbolized)| AddressFrames {
+                    address: format!("{address:#x}"),
+                    frames: symbolized
+                        .frames
+                        .into_iter()
+                        .map(|f| JsonFrame {
+                            function: f.function,
+                            file: f.file,
+                            line: f.line,
+                            inlined: f.inlined,
+                        })
+                        .collect(),
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&json)?);
+        }
+    }
+    Ok(())
+}
