@@ -6,23 +6,30 @@
 //! them.
 #![no_std]
 
-/// Deepest stack the kernel walks for one sample. It matches the kernel's
-/// default `kernel.perf_event_max_stack` (127): asking for more makes
-/// `bpf_get_stack` fail with -EFAULT on kernels that keep the default.
+/// Deepest kernel stack for one sample. It matches the kernel's default
+/// `kernel.perf_event_max_stack` (127): asking `bpf_get_stack` for more
+/// fails with -EFAULT on kernels that keep the default.
 pub const MAX_STACK_DEPTH: usize = 127;
 
-/// Size of the sample ring buffer. 4 MiB holds about 1,900 samples: at
-/// 100 Hz on 64 CPUs that is 300 ms of slack for a drain loop that wakes
-/// every 50 ms.
-pub const RING_BUFFER_BYTES: u32 = 4 << 20;
+/// Deepest user stack our own unwinder walks (the kernel's walk stops at
+/// 127; deep recursion needs more). Each frame costs two user-memory
+/// reads, so the bound is also a cost bound.
+pub const MAX_USER_FRAMES: usize = 1024;
+
+/// Size of the sample ring buffer. Records are variable-length (a typical
+/// stack of 30 frames is about 1.3 KiB): 8 MiB holds some 6,000 of them,
+/// about a second of 64 busy CPUs at 100 Hz for a drain loop that wakes
+/// every 100 ms.
+pub const RING_BUFFER_BYTES: u32 = 8 << 20;
 
 /// Most pids `--pid` may name at once (entries of the in-kernel filter).
 pub const MAX_PID_FILTER: u32 = 1024;
 
 /// One stack sample, written by the BPF program into the ring buffer.
 ///
-/// Stacks are arrays of program counters, leaf first, as `bpf_get_stack`
-/// returns them; `*_frames` says how many entries are valid.
+/// Stacks are arrays of program counters, leaf first; `*_frames` says how
+/// many entries are valid. The ring-buffer record is cut after the last
+/// valid user frame (`Sample::record_len`), so `user_stack` comes last.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Sample {
@@ -43,18 +50,31 @@ pub struct Sample {
     pub user_regs: UserRegs,
     /// Thread name (`task->comm`), NUL-padded.
     pub comm: [u8; 16],
-    pub user_stack: [u64; MAX_STACK_DEPTH],
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
+    pub user_stack: [u64; MAX_USER_FRAMES],
+}
+
+impl Sample {
+    /// Bytes before `user_stack`.
+    pub const HEADER_LEN: usize = core::mem::offset_of!(Sample, user_stack);
+
+    /// Length of a record holding `user_frames` user frames.
+    pub const fn record_len(user_frames: usize) -> usize {
+        Self::HEADER_LEN + 8 * user_frames
+    }
 }
 
 /// The sample interrupted kernel code (the kernel stack is non-empty).
 pub const SAMPLE_FLAG_IN_KERNEL: u32 = 1 << 0;
-/// `bpf_get_stack` failed for the user stack.
+/// The user stack walk stopped on a failed read of user memory.
 pub const SAMPLE_FLAG_USER_STACK_FAILED: u32 = 1 << 1;
 /// `bpf_get_stack` failed for the kernel stack.
 pub const SAMPLE_FLAG_KERNEL_STACK_FAILED: u32 = 1 << 2;
-/// The task is a kernel thread: it has no user stack.
-pub const SAMPLE_FLAG_KERNEL_THREAD: u32 = 1 << 3;
+/// The user stack walk stopped at `MAX_USER_FRAMES`.
+pub const SAMPLE_FLAG_USER_STACK_TRUNCATED: u32 = 1 << 3;
+/// The user stack walk ended at a frame an unwind table marks as a root
+/// (e.g. Go's `runtime.goexit`).
+pub const SAMPLE_FLAG_USER_STACK_AT_ROOT: u32 = 1 << 4;
 
 /// User-space registers an unwinder starts from. On x86_64 `fp` is RBP and
 /// `lr` is 0; on arm64 `fp` is X29 and `lr` is X30.
@@ -83,17 +103,22 @@ pub enum Counter {
     Sent = 3,
     /// The ring buffer was full: the sample was lost.
     RingBufferFull = 4,
-    /// `bpf_get_stack` failed for the user stack (sample still sent).
+    /// A user-memory read failed during the user stack walk (sample still
+    /// sent with the frames found so far).
     UserStackFailed = 5,
     /// `bpf_get_stack` failed for the kernel stack (sample still sent).
     KernelStackFailed = 6,
+    /// The user stack walk hit `MAX_USER_FRAMES`.
+    UserStackTruncated = 7,
+    /// User frames unwound with a table row (not frame pointers).
+    FramesFromTables = 8,
 }
 
 /// Number of `Counter` slots.
-pub const COUNTER_SLOTS: u32 = 8;
+pub const COUNTER_SLOTS: u32 = 16;
 
 impl Counter {
-    pub const ALL: [Counter; 7] = [
+    pub const ALL: [Counter; 9] = [
         Counter::Fired,
         Counter::Idle,
         Counter::FilteredOut,
@@ -101,6 +126,8 @@ impl Counter {
         Counter::RingBufferFull,
         Counter::UserStackFailed,
         Counter::KernelStackFailed,
+        Counter::UserStackTruncated,
+        Counter::FramesFromTables,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -112,8 +139,66 @@ impl Counter {
             Counter::RingBufferFull => "ring_buffer_full",
             Counter::UserStackFailed => "user_stack_failed",
             Counter::KernelStackFailed => "kernel_stack_failed",
+            Counter::UserStackTruncated => "user_stack_truncated",
+            Counter::FramesFromTables => "frames_from_tables",
         }
     }
+}
+
+/// One row of an unwind table: from `pc` (an offset from the table's base
+/// address) up to the next row's `pc`, how to find the caller's frame.
+///
+/// x86_64 rules (the return address is always at CFA - 8):
+/// `CFA = (flags & UNWIND_CFA_FP ? FP : SP) + cfa_offset`; the caller's
+/// frame pointer is at `CFA + fp_offset` when `fp_offset != 0`, else FP
+/// is unchanged. Rows come from Go's pcsp tables today and are meant to
+/// come from `.eh_frame` CFI next.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc: u32,
+    pub cfa_offset: i32,
+    pub fp_offset: i16,
+    pub flags: u16,
+}
+
+/// CFA is relative to the frame pointer instead of the stack pointer.
+pub const UNWIND_CFA_FP: u16 = 1 << 0;
+/// This frame is a root (or switches stacks): emit it and stop.
+pub const UNWIND_STOP: u16 = 1 << 1;
+/// No rule here (a gap between functions): walk frame pointers.
+pub const UNWIND_FRAME_POINTER: u16 = 1 << 2;
+
+/// Rows of all unwind tables together (one BPF array).
+pub const MAX_UNWIND_ROWS: u32 = 1 << 20;
+
+/// Most mappings with unwind tables one process can have.
+pub const MAX_UNWIND_MAPPINGS: usize = 8;
+
+/// Most processes with unwind tables at once.
+pub const MAX_UNWIND_PROCESSES: u32 = 8192;
+
+/// A mapping of a process whose code has an unwind table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    /// Runtime address range the table covers.
+    pub start: u64,
+    pub end: u64,
+    /// Runtime address of the table's base: row pc = address - base.
+    pub base: u64,
+    /// First row in the global row array, and how many rows.
+    pub first_row: u32,
+    pub row_count: u32,
+}
+
+/// Unwind tables of one process (value of the per-pid map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessUnwind {
+    pub count: u32,
+    pub _pad: u32,
+    pub mappings: [UnwindMapping; MAX_UNWIND_MAPPINGS],
 }
 
 /// Name of the read-only global that switches the in-kernel pid filter on.
@@ -128,4 +213,8 @@ mod pod {
     unsafe impl aya::Pod for super::Sample {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::UserRegs {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::UnwindRow {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ProcessUnwind {}
 }

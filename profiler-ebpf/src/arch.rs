@@ -1,4 +1,5 @@
-//! Every access to the architecture's register layout on the BPF side.
+//! Every access to the architecture's register and frame layout on the BPF
+//! side.
 //!
 //! The user registers of the current task live in its saved `pt_regs` at the
 //! top of its kernel stack (`bpf_task_pt_regs`); that is right both when the
@@ -15,6 +16,10 @@ mod layout {
     pub const SP: usize = 19 * 8; // sp
     pub const FP: usize = 4 * 8; // bp
     pub const LR: Option<usize> = None;
+    /// End of the user half of the address space (TASK_SIZE_MAX, 4-level).
+    pub const USER_LIMIT: u64 = 0x0000_7fff_ffff_f000;
+    /// Unwind-table rows follow x86_64 rules (return address at CFA - 8).
+    pub const TABLE_UNWINDING: bool = true;
 }
 
 #[cfg(bpf_target_arch = "aarch64")]
@@ -23,12 +28,24 @@ mod layout {
     pub const SP: usize = 31 * 8; // sp
     pub const FP: usize = 29 * 8; // x29
     pub const LR: Option<usize> = Some(30 * 8); // x30
+    /// End of the user half of the address space (52-bit VAs at most).
+    pub const USER_LIMIT: u64 = 1 << 52;
+    /// arm64 keeps the return address in LR until a frame saves it; table
+    /// rows for arm64 are not produced yet, so only frame pointers walk.
+    pub const TABLE_UNWINDING: bool = false;
 }
 
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
-compile_error!(
-    "profiler-ebpf supports x86_64 and aarch64 (set by aya-build from the agent's target)"
-);
+compile_error!("profiler-ebpf supports x86_64 and aarch64 (set by aya-build from the agent's target)");
+
+pub use layout::{TABLE_UNWINDING, USER_LIMIT};
+
+/// A frame record, `push rbp; mov rbp, rsp` on x86_64 and
+/// `stp x29, x30, [sp, #-16]!; mov x29, sp` on arm64, is the same two
+/// words: the caller's frame pointer, then the return address.
+pub const FRAME_RECORD_CALLER_FP: u64 = 0;
+pub const FRAME_RECORD_RETURN_ADDRESS: u64 = 8;
+pub const FRAME_RECORD_SIZE: u64 = 16;
 
 #[inline(always)]
 fn read_at(base: *const u8, offset: usize) -> u64 {

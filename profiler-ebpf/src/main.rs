@@ -1,19 +1,19 @@
 //! BPF side of the profiler: one program on a CPU-clock perf event per CPU.
 //!
-//! Each sample is streamed to user space through a ring buffer with its
-//! user and kernel stacks copied in place (`bpf_get_stack` writes straight
-//! into the reserved record, so there is no extra copy). Streaming instead
-//! of in-kernel counting keeps window boundaries exact (user space assigns
-//! samples to windows by timestamp) and carries the user registers an
-//! unwinder needs; the cost per sample is measured by `cargo xtask bench`.
+//! Each sample is streamed to user space through a ring buffer: the kernel
+//! stack (`bpf_get_stack`), the user stack walked by our own unwinder
+//! (`unwind`: frame pointers, repaired by per-binary unwind tables where
+//! user space loaded them, up to `MAX_USER_FRAMES`), the user registers,
+//! and who ran. Streaming instead of in-kernel counting keeps window
+//! boundaries exact: user space assigns samples to windows by timestamp.
 #![no_std]
 #![no_main]
 
 mod arch;
+mod unwind;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::BPF_F_USER_STACK,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack,
         bpf_ktime_get_ns,
@@ -23,8 +23,8 @@ use aya_ebpf::{
     programs::PerfEventContext,
 };
 use profiler_common::{
-    COUNTER_SLOTS, Counter, MAX_PID_FILTER, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
-    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_USER_STACK_FAILED, Sample,
+    COUNTER_SLOTS, Counter, MAX_PID_FILTER, MAX_STACK_DEPTH, MAX_USER_FRAMES, RING_BUFFER_BYTES,
+    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, Sample,
 };
 
 /// Set by the loader: non-zero means "only pids in `PID_FILTER`". A
@@ -43,7 +43,12 @@ static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
-const STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
+/// Where a sample is assembled before it is copied, cut to its length, into
+/// the ring buffer (a full `Sample` is 9 KiB; most stacks need far less).
+#[map]
+static SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
+
+const KERNEL_STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
 
 #[perf_event]
 pub fn sample_stack(ctx: PerfEventContext) -> u32 {
@@ -52,7 +57,7 @@ pub fn sample_stack(ctx: PerfEventContext) -> u32 {
 }
 
 #[inline(always)]
-fn bump(counter: Counter) {
+pub(crate) fn bump(counter: Counter) {
     if let Some(slot) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: a per-CPU slot; this program is the only writer on its CPU
         // and perf-event programs do not nest on one CPU.
@@ -78,34 +83,17 @@ fn record_sample(ctx: &PerfEventContext) {
         bump(Counter::FilteredOut);
         return;
     }
-
-    let Some(mut entry) = SAMPLES.reserve::<Sample>(0) else {
-        bump(Counter::RingBufferFull);
+    let Some(sample) = SCRATCH.get_ptr_mut(0) else {
         return;
     };
-    let sample = entry.as_mut_ptr();
-    // SAFETY: `sample` points at a reserved, exclusively owned ring-buffer
-    // record of size_of::<Sample>() bytes; every field is written below
-    // (stacks past the returned length stay uninitialised and are never read).
+    // SAFETY: `sample` is this CPU's scratch value, exclusively ours for
+    // the duration of the program; every header field is written below.
     unsafe {
         let mut flags = 0u32;
-        let user = bpf_get_stack(
-            ctx.as_ptr(),
-            (*sample).user_stack.as_mut_ptr().cast(),
-            STACK_BYTES,
-            BPF_F_USER_STACK as u64,
-        );
-        let user_frames = if user < 0 {
-            flags |= SAMPLE_FLAG_USER_STACK_FAILED;
-            bump(Counter::UserStackFailed);
-            0
-        } else {
-            (user as u32) / 8
-        };
         let kernel = bpf_get_stack(
             ctx.as_ptr(),
             (*sample).kernel_stack.as_mut_ptr().cast(),
-            STACK_BYTES,
+            KERNEL_STACK_BYTES,
             0,
         );
         let kernel_frames = if kernel < 0 {
@@ -118,6 +106,10 @@ fn record_sample(ctx: &PerfEventContext) {
         if kernel_frames > 0 {
             flags |= SAMPLE_FLAG_IN_KERNEL;
         }
+        let regs = arch::user_regs();
+        let (user_frames, user_flags) = unwind::walk_user_stack(pid, &regs);
+        flags |= user_flags;
+
         (*sample).time_ns = bpf_ktime_get_ns();
         (*sample).pid = pid;
         (*sample).tid = tid;
@@ -125,11 +117,21 @@ fn record_sample(ctx: &PerfEventContext) {
         (*sample).flags = flags;
         (*sample).user_frames = user_frames;
         (*sample).kernel_frames = kernel_frames;
-        (*sample).user_regs = arch::user_regs();
+        (*sample).user_regs = regs;
         (*sample).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
+
+        let frames = if (user_frames as usize) < MAX_USER_FRAMES {
+            user_frames as usize
+        } else {
+            MAX_USER_FRAMES
+        };
+        let bytes = core::slice::from_raw_parts(sample.cast::<u8>(), Sample::record_len(frames));
+        if SAMPLES.output::<[u8]>(bytes, 0).is_ok() {
+            bump(Counter::Sent);
+        } else {
+            bump(Counter::RingBufferFull);
+        }
     }
-    entry.submit(0);
-    bump(Counter::Sent);
 }
 
 #[cfg(not(test))]

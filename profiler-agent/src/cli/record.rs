@@ -197,15 +197,15 @@ fn report(
     }
     eprintln!(
         "  symbols: {} objects read, {} unreadable; addresses named {} user + {} kernel, \
-         unnamed {} user + {} kernel; {} stacks at the {}-frame limit",
+         unnamed {} user + {} kernel; {} user stacks cut at {} frames",
         s.objects_parsed,
         s.objects_failed,
         s.user_resolved,
         s.kernel_resolved,
         s.user_unresolved,
         s.kernel_unresolved,
-        recording.user_stack_full,
-        profiler_common::MAX_STACK_DEPTH,
+        recording.user_stack_truncated,
+        profiler_common::MAX_USER_FRAMES,
     );
     for problem in symbolizer.problems.iter().take(10) {
         eprintln!("  unsymbolized: {problem}");

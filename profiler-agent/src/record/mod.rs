@@ -12,7 +12,10 @@ pub use to_profile::build_profile;
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use profiler_common::{MAX_STACK_DEPTH, Sample};
+use profiler_common::{
+    MAX_STACK_DEPTH, MAX_USER_FRAMES, SAMPLE_FLAG_USER_STACK_AT_ROOT,
+    SAMPLE_FLAG_USER_STACK_TRUNCATED, Sample,
+};
 
 use crate::process::ProcessTable;
 use crate::sampling::{KernelCounters, Sampler, SamplingConfig, SamplingError};
@@ -47,9 +50,11 @@ pub struct Recording {
     pub frequency_hz: u64,
     /// Samples received from the kernel.
     pub samples: u64,
-    /// Samples whose user stack filled all `MAX_STACK_DEPTH` slots: the
-    /// walk may have stopped before the root.
-    pub user_stack_full: u64,
+    /// Samples whose user stack walk stopped at `MAX_USER_FRAMES`.
+    pub user_stack_truncated: u64,
+    /// Samples whose user stack walk ended at a root an unwind table marks
+    /// (Go's runtime.goexit, runtime.mstart, ...).
+    pub user_stack_at_root: u64,
 }
 
 impl Recording {
@@ -83,7 +88,8 @@ impl Recorder {
                 elapsed: Duration::ZERO,
                 frequency_hz: config.frequency_hz,
                 samples: 0,
-                user_stack_full: 0,
+                user_stack_truncated: 0,
+                user_stack_at_root: 0,
             },
             started: Instant::now(),
         })
@@ -121,12 +127,15 @@ impl Recorder {
 }
 
 fn aggregate(recording: &mut Recording, sample: &Sample) {
-    let user_len = (sample.user_frames as usize).min(MAX_STACK_DEPTH);
+    let user_len = (sample.user_frames as usize).min(MAX_USER_FRAMES);
     let kernel_len = (sample.kernel_frames as usize).min(MAX_STACK_DEPTH);
     let user = &sample.user_stack[..user_len];
     recording.samples += 1;
-    if user_len == MAX_STACK_DEPTH {
-        recording.user_stack_full += 1;
+    if sample.flags & SAMPLE_FLAG_USER_STACK_TRUNCATED != 0 {
+        recording.user_stack_truncated += 1;
+    }
+    if sample.flags & SAMPLE_FLAG_USER_STACK_AT_ROOT != 0 {
+        recording.user_stack_at_root += 1;
     }
     recording.processes.observe(sample.pid, user);
     let key = StackKey {

@@ -42,6 +42,8 @@ pub struct KernelCounters {
     pub ring_buffer_full: u64,
     pub user_stack_failed: u64,
     pub kernel_stack_failed: u64,
+    pub user_stack_truncated: u64,
+    pub frames_from_tables: u64,
 }
 
 impl KernelCounters {
@@ -54,6 +56,8 @@ impl KernelCounters {
             Counter::RingBufferFull => &mut self.ring_buffer_full,
             Counter::UserStackFailed => &mut self.user_stack_failed,
             Counter::KernelStackFailed => &mut self.kernel_stack_failed,
+            Counter::UserStackTruncated => &mut self.user_stack_truncated,
+            Counter::FramesFromTables => &mut self.frames_from_tables,
         };
         *slot = value;
     }
@@ -67,6 +71,9 @@ pub struct Sampler {
     counters: PerCpuArray<MapData, u64>,
     /// The loaded programs and their perf-event links; `None` once detached.
     ebpf: Option<Ebpf>,
+    /// Where each variable-length ring-buffer record is copied to be read
+    /// as a `Sample` (allocated once: a full sample is 9 KiB).
+    buffer: Box<Sample>,
     cpus: Vec<u32>,
 }
 
@@ -137,6 +144,7 @@ impl Sampler {
             samples,
             counters,
             ebpf: Some(ebpf),
+            buffer: Box::new(zeroed_sample()),
             cpus,
         })
     }
@@ -159,12 +167,8 @@ impl Sampler {
         unsafe { libc::poll(&mut pollfd, 1, millis) };
         let mut count = 0;
         while let Some(item) = self.samples.next() {
-            if item.len() >= std::mem::size_of::<Sample>() {
-                // SAFETY: the BPF program writes exactly one `Sample` per
-                // record; read_unaligned because ring-buffer records are only
-                // 8-byte aligned by contract, not by Rust's type system.
-                let sample = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<Sample>()) };
-                on_sample(&sample);
+            if copy_record(&item, &mut self.buffer) {
+                on_sample(&self.buffer);
                 count += 1;
             }
         }
@@ -191,6 +195,31 @@ impl Sampler {
         }
         totals
     }
+}
+
+fn zeroed_sample() -> Sample {
+    // SAFETY: Sample is plain integers and arrays of integers (aya::Pod):
+    // all-zero bytes are a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Copies one ring-buffer record into `sample`. Records end after their
+/// last user frame; one shorter than its header says is rejected.
+fn copy_record(record: &[u8], sample: &mut Sample) -> bool {
+    if record.len() < Sample::HEADER_LEN || record.len() > std::mem::size_of::<Sample>() {
+        return false;
+    }
+    // SAFETY: `sample` is a valid, exclusively borrowed Sample of at least
+    // record.len() bytes, and any bytes are a valid Sample (aya::Pod).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            record.as_ptr(),
+            (sample as *mut Sample).cast::<u8>(),
+            record.len(),
+        );
+    }
+    Sample::record_len(sample.user_frames as usize) <= record.len()
+        && sample.kernel_frames as usize <= profiler_common::MAX_STACK_DEPTH
 }
 
 fn raise_memlock_limit() {
