@@ -168,6 +168,9 @@ pub const UNWIND_CFA_FP: u16 = 1 << 0;
 pub const UNWIND_STOP: u16 = 1 << 1;
 /// No rule here (a gap between functions): walk frame pointers.
 pub const UNWIND_FRAME_POINTER: u16 = 1 << 2;
+/// With `UNWIND_STOP`: the frame is a genuine root of a stack (Go's
+/// `runtime.goexit`, `runtime.mstart`), not just a place we cannot pass.
+pub const UNWIND_ROOT: u16 = 1 << 3;
 
 /// Rows of all unwind tables together (one BPF array).
 pub const MAX_UNWIND_ROWS: u32 = 1 << 20;

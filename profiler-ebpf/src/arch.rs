@@ -36,7 +36,9 @@ mod layout {
 }
 
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
-compile_error!("profiler-ebpf supports x86_64 and aarch64 (set by aya-build from the agent's target)");
+compile_error!(
+    "profiler-ebpf supports x86_64 and aarch64 (set by aya-build from the agent's target)"
+);
 
 pub use layout::{TABLE_UNWINDING, USER_LIMIT};
 

@@ -18,8 +18,8 @@ use aya_ebpf::{
 use profiler_common::{
     Counter, MAX_UNWIND_MAPPINGS, MAX_UNWIND_PROCESSES, MAX_UNWIND_ROWS, MAX_USER_FRAMES,
     ProcessUnwind, SAMPLE_FLAG_USER_STACK_AT_ROOT, SAMPLE_FLAG_USER_STACK_FAILED,
-    SAMPLE_FLAG_USER_STACK_TRUNCATED, UNWIND_CFA_FP, UNWIND_FRAME_POINTER, UNWIND_STOP, UnwindRow,
-    UserRegs,
+    SAMPLE_FLAG_USER_STACK_TRUNCATED, UNWIND_CFA_FP, UNWIND_FRAME_POINTER, UNWIND_ROOT,
+    UNWIND_STOP, UnwindRow, UserRegs,
 };
 
 use crate::{SCRATCH, arch, bump};
@@ -106,7 +106,9 @@ extern "C" fn step(_index: u64, _ctx: *mut c_void) -> i64 {
     let lookup = if n == 0 { state.pc } else { state.pc - 1 };
     let stepped = match find_row(&state.process, lookup) {
         Some(row) if row.flags & UNWIND_STOP != 0 => {
-            state.flags |= SAMPLE_FLAG_USER_STACK_AT_ROOT;
+            if row.flags & UNWIND_ROOT != 0 {
+                state.flags |= SAMPLE_FLAG_USER_STACK_AT_ROOT;
+            }
             return STOP;
         }
         Some(row) if row.flags & UNWIND_FRAME_POINTER == 0 => {

@@ -11,7 +11,6 @@ use anyhow::{Context, bail};
 use crate::profile::Format;
 use crate::record::{Recorder, Recording, build_profile};
 use crate::sampling::{SamplingConfig, check_privileges};
-use crate::symbolize::Symbolizer;
 
 use super::RecordArgs;
 
@@ -72,25 +71,18 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     if status {
         eprint!("\r\x1b[K");
     }
-    let recording = recorder.finish();
+    let mut recording = recorder.finish();
     if all_exited && !args.quiet {
         eprintln!("every profiled process exited; stopping early");
     }
     check_target_samples(&pids, &recording)?;
 
-    let mut symbolizer = Symbolizer::default();
-    let profile = build_profile(&recording, &mut symbolizer);
+    let profile = build_profile(&mut recording);
     let bytes = format
         .encode(&profile)
         .with_context(|| format!("encoding the {}", format.name()))?;
     write_output(&args.output, &bytes)?;
-    report(
-        &recording,
-        &symbolizer,
-        &args.output,
-        format,
-        profile.total_samples(),
-    );
+    report(&recording, &args.output, format, profile.total_samples());
     Ok(())
 }
 
@@ -162,14 +154,9 @@ fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
-fn report(
-    recording: &Recording,
-    symbolizer: &Symbolizer,
-    output: &Path,
-    format: Format,
-    samples_written: u64,
-) {
+fn report(recording: &Recording, output: &Path, format: Format, samples_written: u64) {
     let c = &recording.counters;
+    let symbolizer = &recording.symbolizer;
     let s = &symbolizer.stats;
     eprintln!(
         "wrote {} ({}): {} samples from {} processes in {:.1}s",
@@ -207,6 +194,19 @@ fn report(
         recording.user_stack_truncated,
         profiler_common::MAX_USER_FRAMES,
     );
+    let t = &recording.unwind_tables;
+    if t.objects_with_tables > 0 || c.frames_from_tables > 0 {
+        eprintln!(
+            "  unwinding: tables for {} objects ({} rows) in {} processes; {} frames unwound by \
+             tables; {} user stacks reached their root; {} tables did not fit",
+            t.objects_with_tables,
+            t.rows_loaded,
+            t.processes_registered,
+            c.frames_from_tables,
+            recording.user_stack_at_root,
+            t.tables_dropped,
+        );
+    }
     for problem in symbolizer.problems.iter().take(10) {
         eprintln!("  unsymbolized: {problem}");
     }

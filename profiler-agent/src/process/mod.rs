@@ -18,6 +18,39 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Pids of running processes whose executable is a Go binary: the ones
+/// whose stacks need unwind tables from the first sample on. Only section
+/// headers are read.
+pub fn go_processes() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| is_go_executable(&PathBuf::from(format!("/proc/{pid}/exe"))))
+        .collect()
+}
+
+fn is_go_executable(path: &Path) -> bool {
+    use ::object::{Object, ObjectSection};
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    // SAFETY: read-only mapping of a file we only read (see symbolize).
+    let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
+        return false;
+    };
+    let Ok(elf) = ::object::File::parse(&*data) else {
+        return false;
+    };
+    elf.sections().any(|s| {
+        matches!(
+            s.name(),
+            Ok(".go.buildinfo" | ".gopclntab" | ".data.rel.ro.gopclntab" | ".note.go.buildid")
+        )
+    })
+}
+
 /// An executable mapping of a process.
 #[derive(Debug, Clone)]
 pub struct Mapping {
@@ -123,7 +156,8 @@ impl ProcessTable {
 
     /// Captures `pid` on first sight; later, re-reads its maps when one of
     /// `user_pcs` is outside every known mapping (at most once a second).
-    pub fn observe(&mut self, pid: u32, user_pcs: &[u64]) {
+    /// Returns true when it (re)read the process's mappings.
+    pub fn observe(&mut self, pid: u32, user_pcs: &[u64]) -> bool {
         let refresh = match self.processes.get(&pid) {
             None => true,
             Some(process) => {
@@ -132,17 +166,20 @@ impl ProcessTable {
                     && user_pcs.iter().any(|&pc| process.mapping_for(pc).is_none())
             }
         };
-        if refresh {
-            let process = self.capture(pid);
-            match self.processes.get_mut(&pid) {
-                // Keep what we knew if the process is gone by now.
-                Some(old) if !process.captured => old.maps_read_at = Instant::now(),
-                Some(old) => *old = process,
-                None => {
-                    self.processes.insert(pid, process);
-                }
+        if !refresh {
+            return false;
+        }
+        let process = self.capture(pid);
+        let captured = process.captured;
+        match self.processes.get_mut(&pid) {
+            // Keep what we knew if the process is gone by now.
+            Some(old) if !captured => old.maps_read_at = Instant::now(),
+            Some(old) => *old = process,
+            None => {
+                self.processes.insert(pid, process);
             }
         }
+        captured
     }
 
     fn capture(&mut self, pid: u32) -> Process {

@@ -19,6 +19,8 @@ use profiler_common::{
 
 use crate::process::ProcessTable;
 use crate::sampling::{KernelCounters, Sampler, SamplingConfig, SamplingError};
+use crate::symbolize::Symbolizer;
+use crate::unwind::{UnwindTableStats, UnwindTables};
 
 /// One distinct stack of one thread.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -44,6 +46,10 @@ impl StackKey {
 pub struct Recording {
     pub stacks: HashMap<StackKey, u64>,
     pub processes: ProcessTable,
+    /// Objects parsed during the run (for unwind tables) stay parsed for
+    /// symbolization.
+    pub symbolizer: Symbolizer,
+    pub unwind_tables: UnwindTableStats,
     pub counters: KernelCounters,
     pub started: SystemTime,
     pub elapsed: Duration,
@@ -71,18 +77,39 @@ impl Recording {
 /// Drives a sampler and aggregates what it delivers.
 pub struct Recorder {
     sampler: Sampler,
+    tables: UnwindTables,
     recording: Recording,
     started: Instant,
 }
 
 impl Recorder {
+    /// Starts sampling. Processes to profile that are already running (the
+    /// `--pid` targets, or every Go process system-wide) get their unwind
+    /// tables before the first sample; others when first sampled.
     pub fn start(config: &SamplingConfig) -> Result<Self, SamplingError> {
-        let sampler = Sampler::start(config)?;
+        let mut processes = ProcessTable::default();
+        let mut symbolizer = Symbolizer::default();
+        let (sampler, tables) = Sampler::start(config, |tables| {
+            let pids = if config.pids.is_empty() {
+                crate::process::go_processes()
+            } else {
+                config.pids.clone()
+            };
+            for pid in pids {
+                processes.observe(pid, &[]);
+                if let Some(process) = processes.get(pid) {
+                    tables.register(process, &mut symbolizer);
+                }
+            }
+        })?;
         Ok(Recorder {
             sampler,
+            tables,
             recording: Recording {
                 stacks: HashMap::new(),
-                processes: ProcessTable::default(),
+                processes,
+                symbolizer,
+                unwind_tables: UnwindTableStats::default(),
                 counters: KernelCounters::default(),
                 started: SystemTime::now(),
                 elapsed: Duration::ZERO,
@@ -98,8 +125,9 @@ impl Recorder {
     /// Waits up to `timeout` for samples and aggregates them.
     pub fn poll(&mut self, timeout: Duration) -> usize {
         let recording = &mut self.recording;
+        let tables = &mut self.tables;
         self.sampler
-            .drain(timeout, |sample| aggregate(recording, sample))
+            .drain(timeout, |sample| aggregate(recording, tables, sample))
     }
 
     /// CPUs being sampled.
@@ -122,11 +150,12 @@ impl Recorder {
         self.sampler.detach();
         while self.poll(Duration::ZERO) > 0 {}
         self.recording.counters = self.sampler.counters();
+        self.recording.unwind_tables = self.tables.stats;
         self.recording
     }
 }
 
-fn aggregate(recording: &mut Recording, sample: &Sample) {
+fn aggregate(recording: &mut Recording, tables: &mut UnwindTables, sample: &Sample) {
     let user_len = (sample.user_frames as usize).min(MAX_USER_FRAMES);
     let kernel_len = (sample.kernel_frames as usize).min(MAX_STACK_DEPTH);
     let user = &sample.user_stack[..user_len];
@@ -137,7 +166,11 @@ fn aggregate(recording: &mut Recording, sample: &Sample) {
     if sample.flags & SAMPLE_FLAG_USER_STACK_AT_ROOT != 0 {
         recording.user_stack_at_root += 1;
     }
-    recording.processes.observe(sample.pid, user);
+    if recording.processes.observe(sample.pid, user)
+        && let Some(process) = recording.processes.get(sample.pid)
+    {
+        tables.register(process, &mut recording.symbolizer);
+    }
     let key = StackKey {
         pid: sample.pid,
         tid: sample.tid,

@@ -27,26 +27,31 @@ enum MappingKey {
 /// Symbolizes every distinct address once and builds the profile: one
 /// sample per distinct (thread, stack), leaf first, kernel frames before
 /// the user frames that entered the kernel.
-pub fn build_profile(recording: &Recording, symbolizer: &mut Symbolizer) -> Profile {
-    let start_unix_ns = recording
-        .started
+pub fn build_profile(recording: &mut Recording) -> Profile {
+    let Recording {
+        stacks,
+        processes,
+        symbolizer,
+        started,
+        elapsed,
+        frequency_hz,
+        ..
+    } = recording;
+    let start_unix_ns = started
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
-    let period_ns = 1_000_000_000 / recording.frequency_hz.max(1) as i64;
-    let mut builder: ProfileBuilder<LocationKey, MappingKey> = ProfileBuilder::new(
-        start_unix_ns,
-        recording.elapsed.as_nanos() as i64,
-        period_ns,
-    );
+    let period_ns = 1_000_000_000 / (*frequency_hz).max(1) as i64;
+    let mut builder: ProfileBuilder<LocationKey, MappingKey> =
+        ProfileBuilder::new(start_unix_ns, elapsed.as_nanos() as i64, period_ns);
 
     // Deterministic output: visit stacks in a stable order.
-    let mut stacks: Vec<_> = recording.stacks.iter().collect();
+    let mut stacks: Vec<_> = stacks.iter().collect();
     stacks.sort_by(|a, b| {
         (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel).cmp(&(b.0.pid, b.0.tid, &b.0.user, &b.0.kernel))
     });
 
     for (key, &count) in stacks {
-        let process = recording.processes.get(key.pid);
+        let process = processes.get(key.pid);
         let mut locations = Vec::with_capacity(key.kernel.len() + key.user.len());
         for frame in unwind::frames(&key.kernel) {
             locations.push(kernel_location(&mut builder, symbolizer, frame));

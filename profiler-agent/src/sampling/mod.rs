@@ -14,11 +14,13 @@ pub use privileges::check_privileges;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 use profiler_common::{Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
+
+use crate::unwind::UnwindTables;
 
 /// The compiled BPF object, built by this crate's build script.
 static BPF_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -78,8 +80,14 @@ pub struct Sampler {
 }
 
 impl Sampler {
-    /// Loads the program, fills the pid filter and attaches to every CPU.
-    pub fn start(config: &SamplingConfig) -> Result<Self, SamplingError> {
+    /// Loads the program, fills the pid filter, lets `before_attach` load
+    /// unwind tables (so the first samples already use them), then attaches
+    /// to every CPU. The tables stay with the caller for processes seen
+    /// later.
+    pub fn start(
+        config: &SamplingConfig,
+        before_attach: impl FnOnce(&mut UnwindTables),
+    ) -> Result<(Self, UnwindTables), SamplingError> {
         if config.frequency_hz == 0 {
             return Err(SamplingError::BadFrequency(config.frequency_hz));
         }
@@ -111,6 +119,19 @@ impl Sampler {
             }
         }
 
+        let unwind_rows = Array::try_from(
+            ebpf.take_map("UNWIND_ROWS")
+                .ok_or(SamplingError::MissingMap("UNWIND_ROWS"))?,
+        )
+        .map_err(|e| SamplingError::Map("UNWIND_ROWS", e))?;
+        let unwind_processes = BpfHashMap::try_from(
+            ebpf.take_map("UNWIND_PROCESSES")
+                .ok_or(SamplingError::MissingMap("UNWIND_PROCESSES"))?,
+        )
+        .map_err(|e| SamplingError::Map("UNWIND_PROCESSES", e))?;
+        let mut tables = UnwindTables::new(unwind_rows, unwind_processes);
+        before_attach(&mut tables);
+
         let program: &mut PerfEvent = ebpf
             .program_mut("sample_stack")
             .ok_or(SamplingError::MissingProgram("sample_stack"))?
@@ -140,13 +161,14 @@ impl Sampler {
                 .ok_or(SamplingError::MissingMap("COUNTERS"))?,
         )
         .map_err(|e| SamplingError::Map("COUNTERS", e))?;
-        Ok(Sampler {
+        let sampler = Sampler {
             samples,
             counters,
             ebpf: Some(ebpf),
             buffer: Box::new(zeroed_sample()),
             cpus,
-        })
+        };
+        Ok((sampler, tables))
     }
 
     /// CPUs with an attached perf event.

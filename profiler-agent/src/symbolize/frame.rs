@@ -27,8 +27,9 @@ impl Frame {
     }
 }
 
-/// A source of symbols for one object file: ELF symbol tables today; Go's
-/// pclntab and DWARF plug in as further resolvers tried before it.
+/// A source of symbols for one object file: ELF symbol tables, DWARF, Go's
+/// pclntab. Resolvers are tried in order; the first that knows an address
+/// answers.
 pub trait Resolver: Send + Sync {
     /// Short name for diagnostics ("elf-symtab", "go-pclntab", ...).
     fn kind(&self) -> &'static str;
@@ -36,4 +37,10 @@ pub trait Resolver: Send + Sync {
     /// Frames for `address`, an ELF virtual address of the object,
     /// innermost first; `None` when this resolver does not know it.
     fn resolve(&self, address: u64) -> Option<Vec<Frame>>;
+
+    /// Stack-unwinding rows for the object's code, for formats that carry
+    /// unwind information (Go's pcsp tables).
+    fn unwind_rows(&self) -> Option<crate::unwind::TableRows> {
+        None
+    }
 }

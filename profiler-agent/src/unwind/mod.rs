@@ -1,11 +1,24 @@
 //! Turning the raw program counters of a sample into frames to symbolize.
 //!
-//! Today the kernel walks frame pointers (`bpf_get_stack`); this stage
-//! decides which address to look up for each frame. Repair rules (Go's
-//! pcsp tables, `.eh_frame` CFI) plug in here, starting from the
-//! `UserRegs` each sample carries.
+//! The BPF walker (profiler-ebpf/src/unwind.rs) follows frame pointers and,
+//! where this stage loaded a table for the code, table rows (`go` builds
+//! them from Go's pcsp tables; `.eh_frame` CFI is the next source, as rows
+//! of the same shape). This stage also decides which address each frame is
+//! looked up as.
 
 pub mod arch;
+pub mod go;
+mod tables;
+
+pub use tables::{UnwindTableStats, UnwindTables};
+
+/// An unwind table for one object: rows sorted by `pc`, each `pc` an
+/// offset from `base` (an ELF virtual address of the object).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableRows {
+    pub base: u64,
+    pub rows: Vec<profiler_common::UnwindRow>,
+}
 
 /// One frame of a raw stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

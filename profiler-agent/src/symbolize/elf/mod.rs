@@ -30,6 +30,23 @@ pub struct ElfObject {
     /// GNU build id, as raw bytes.
     pub build_id: Option<Vec<u8>>,
     resolvers: Vec<Box<dyn Resolver>>,
+    go: Option<std::sync::Arc<super::go::GoSymbols>>,
+}
+
+/// Whether `file` was built by Go: it has Go's build-id note or build-info
+/// section, or names the pclntab. (A stripped file that lost its section
+/// headers still has a readable pclntab, but scanning every non-Go
+/// object's data for one would cost time on every library.)
+fn looks_like_go(file: &object::File<'_>) -> bool {
+    use object::ObjectSection;
+    [
+        ".note.go.buildid",
+        ".go.buildinfo",
+        ".gopclntab",
+        ".data.rel.ro.gopclntab",
+    ]
+    .iter()
+    .any(|name| file.section_by_name(name).is_some_and(|s| s.size() > 0))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +80,20 @@ impl ElfObject {
         let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
         let symbols = ElfSymbols::from_object(file);
         let mut resolvers: Vec<Box<dyn Resolver>> = Vec::new();
+        // Go binaries: the pclntab knows files, lines and inline frames,
+        // and survives stripping; try it before the ELF symbols.
+        let go = looks_like_go(file)
+            .then(|| match super::go::GoSymbols::from_file(file) {
+                Ok(go) => Some(std::sync::Arc::new(go)),
+                Err(e) => {
+                    tracing::debug!("Go symbols unreadable: {e}");
+                    None
+                }
+            })
+            .flatten();
+        if let Some(go) = &go {
+            resolvers.push(Box::new(go.clone()));
+        }
         if !symbols.is_empty() {
             resolvers.push(Box::new(symbols));
         }
@@ -70,7 +101,13 @@ impl ElfObject {
             segments,
             build_id,
             resolvers,
+            go,
         }
+    }
+
+    /// The Go symbol table (pclntab), for Go binaries.
+    pub fn go_symbols(&self) -> Option<&std::sync::Arc<super::go::GoSymbols>> {
+        self.go.as_ref()
     }
 
     /// The virtual address that file offset `offset` is loaded at, through
@@ -104,6 +141,11 @@ impl ElfObject {
     /// Adds a resolver to try last.
     pub fn push_resolver(&mut self, resolver: Box<dyn Resolver>) {
         self.resolvers.push(resolver);
+    }
+
+    /// Unwind rows from the first resolver that has them.
+    pub fn unwind_rows(&self) -> Option<crate::unwind::TableRows> {
+        self.resolvers.iter().find_map(|r| r.unwind_rows())
     }
 
     /// Whether any resolver can name functions in this object.
