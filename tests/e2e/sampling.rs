@@ -368,3 +368,41 @@ fn deleted_binary_is_still_symbolized() {
     let stacks = stacks(&read_pprof(&out));
     assert!(stacks.iter().any(|s| s.has("hot_a")), "{stacks:#?}");
 }
+
+#[test]
+fn stacks_deeper_than_the_kernels_127_frames_reach_main() {
+    require_bpf_privileges();
+    let fixture = Running::start(&build_c_fixture("deep", C_FRAME_POINTER_FLAGS), &["20"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("deep.pb.gz");
+    let pid = fixture.pid().to_string();
+    record(&[
+        "--pid",
+        &pid,
+        "--duration",
+        "2s",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let stacks = stacks(&read_pprof(&out));
+    let total: i64 = stacks.iter().map(|s| s.count).sum();
+    let deep: i64 = stacks
+        .iter()
+        .filter(|s| s.has("bottom") && s.has("main"))
+        .filter(|s| {
+            s.frames
+                .iter()
+                .filter(|(name, _)| name == "descend")
+                .count()
+                == 301
+        })
+        .map(|s| s.count)
+        .sum();
+    println!("{deep} of {total} samples have all 301 descend frames between bottom and main");
+    assert!(total > 100);
+    assert!(
+        deep * 100 >= total * 90,
+        "only {deep} of {total} complete deep stacks"
+    );
+}

@@ -37,6 +37,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let config = SamplingConfig {
         frequency_hz: args.frequency,
         pids: pids.clone(),
+        unwind_tables: !args.frame_pointers_only,
     };
     let mut recorder = Recorder::start(&config)?;
     let status = !args.quiet && std::io::stderr().is_terminal();

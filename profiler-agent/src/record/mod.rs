@@ -77,7 +77,8 @@ impl Recording {
 /// Drives a sampler and aggregates what it delivers.
 pub struct Recorder {
     sampler: Sampler,
-    tables: UnwindTables,
+    /// None when unwind tables are switched off.
+    tables: Option<UnwindTables>,
     recording: Recording,
     started: Instant,
 }
@@ -90,6 +91,9 @@ impl Recorder {
         let mut processes = ProcessTable::default();
         let mut symbolizer = Symbolizer::default();
         let (sampler, tables) = Sampler::start(config, |tables| {
+            if !config.unwind_tables {
+                return;
+            }
             let pids = if config.pids.is_empty() {
                 crate::process::go_processes()
             } else {
@@ -104,7 +108,7 @@ impl Recorder {
         })?;
         Ok(Recorder {
             sampler,
-            tables,
+            tables: config.unwind_tables.then_some(tables),
             recording: Recording {
                 stacks: HashMap::new(),
                 processes,
@@ -150,12 +154,14 @@ impl Recorder {
         self.sampler.detach();
         while self.poll(Duration::ZERO) > 0 {}
         self.recording.counters = self.sampler.counters();
-        self.recording.unwind_tables = self.tables.stats;
+        if let Some(tables) = &self.tables {
+            self.recording.unwind_tables = tables.stats;
+        }
         self.recording
     }
 }
 
-fn aggregate(recording: &mut Recording, tables: &mut UnwindTables, sample: &Sample) {
+fn aggregate(recording: &mut Recording, tables: &mut Option<UnwindTables>, sample: &Sample) {
     let user_len = (sample.user_frames as usize).min(MAX_USER_FRAMES);
     let kernel_len = (sample.kernel_frames as usize).min(MAX_STACK_DEPTH);
     let user = &sample.user_stack[..user_len];
@@ -167,6 +173,7 @@ fn aggregate(recording: &mut Recording, tables: &mut UnwindTables, sample: &Samp
         recording.user_stack_at_root += 1;
     }
     if recording.processes.observe(sample.pid, user)
+        && let Some(tables) = tables
         && let Some(process) = recording.processes.get(sample.pid)
     {
         tables.register(process, &mut recording.symbolizer);

@@ -32,6 +32,9 @@ pub struct SamplingConfig {
     pub frequency_hz: u64,
     /// Processes to sample; empty means every process on the machine.
     pub pids: Vec<u32>,
+    /// Load unwind tables (Go pcsp) to repair frame-pointer walks; false
+    /// walks frame pointers only, as perf and bpftrace do.
+    pub unwind_tables: bool,
 }
 
 /// Totals of the in-kernel counters, summed over CPUs.
