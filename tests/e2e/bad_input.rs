@@ -78,3 +78,22 @@ fn pid_that_exits_before_the_first_sample_is_an_error() {
         "{stderr}"
     );
 }
+
+#[test]
+fn unprivileged_run_names_the_missing_capabilities() {
+    // Drop to `nobody` (no capabilities) with util-linux's setpriv.
+    let output = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(agent_bin())
+        .args(["--duration", "1s", "-o", "/tmp/never.pb.gz"])
+        .output()
+        .expect("setpriv (util-linux)");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.contains("CAP_BPF")
+            && stderr.contains("CAP_PERFMON")
+            && stderr.contains("perf_event_paranoid"),
+        "{stderr}"
+    );
+}
