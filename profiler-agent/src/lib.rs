@@ -8,6 +8,7 @@
 //! stacks, SVG). `cli` is a thin layer over them.
 
 pub mod cli;
+pub mod probes;
 pub mod process;
 pub mod profile;
 pub mod record;

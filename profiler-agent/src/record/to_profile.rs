@@ -1,13 +1,13 @@
 //! From a recording to a symbolized `Profile`.
 
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::process::Process;
+use crate::process::{Process, ProcessTable};
 use crate::profile::{Function, Location, Mapping, Profile, ProfileBuilder, Sample};
 use crate::symbolize::{Symbolized, Symbolizer};
 use crate::unwind;
 
-use super::Recording;
+use super::{Recording, StackKey};
 
 /// Locations are per process and address (and whether the address is a
 /// return address, which changes what it is looked up as).
@@ -37,15 +37,40 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         frequency_hz,
         ..
     } = recording;
-    let start_unix_ns = started
+    let window = ProfileWindow {
+        started: *started,
+        elapsed: *elapsed,
+        frequency_hz: *frequency_hz,
+    };
+    build_profile_of(stacks.iter(), processes, symbolizer, &window)
+}
+
+/// When and how fast the stacks of a profile were sampled.
+#[derive(Debug, Clone, Copy)]
+pub struct ProfileWindow {
+    pub started: SystemTime,
+    pub elapsed: Duration,
+    pub frequency_hz: u64,
+}
+
+/// Builds a profile of any set of counted stacks (a whole recording, one
+/// window of a continuous run, one service's share of it).
+pub fn build_profile_of<'a>(
+    stacks: impl Iterator<Item = (&'a StackKey, &'a u64)>,
+    processes: &ProcessTable,
+    symbolizer: &mut Symbolizer,
+    window: &ProfileWindow,
+) -> Profile {
+    let start_unix_ns = window
+        .started
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
-    let period_ns = 1_000_000_000 / (*frequency_hz).max(1) as i64;
+    let period_ns = 1_000_000_000 / window.frequency_hz.max(1) as i64;
     let mut builder: ProfileBuilder<LocationKey, MappingKey> =
-        ProfileBuilder::new(start_unix_ns, elapsed.as_nanos() as i64, period_ns);
+        ProfileBuilder::new(start_unix_ns, window.elapsed.as_nanos() as i64, period_ns);
 
     // Deterministic output: visit stacks in a stable order.
-    let mut stacks: Vec<_> = stacks.iter().collect();
+    let mut stacks: Vec<_> = stacks.collect();
     stacks.sort_by(|a, b| {
         (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel).cmp(&(b.0.pid, b.0.tid, &b.0.user, &b.0.kernel))
     });

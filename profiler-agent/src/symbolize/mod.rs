@@ -11,6 +11,7 @@ pub mod demangle;
 pub mod dwarf;
 pub mod elf;
 mod frame;
+pub mod go;
 pub mod kernel;
 
 pub use elf::{ElfError, ElfObject};
@@ -245,10 +246,14 @@ impl Symbolizer {
     }
 
     /// The GNU build id of a mapped object, as lowercase hex, once parsed.
+    /// For a Go binary without a GNU build id (Go's own linker writes
+    /// none), its Go build id, as `go tool buildid` prints it.
     pub fn build_id(&self, id: &ObjectId) -> Option<String> {
         let object = self.objects.get(id)?.as_ref()?;
-        let bytes = object.build_id.as_ref()?;
-        Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+        match &object.build_id {
+            Some(bytes) => Some(bytes.iter().map(|b| format!("{b:02x}")).collect()),
+            None => Some(object.go_symbols()?.build_id()?.to_string()),
+        }
     }
 }
 

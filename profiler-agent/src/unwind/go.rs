@@ -48,6 +48,30 @@ const STACK_SWITCHERS: &[&str] = &[
     "runtime.sigtramp",
 ];
 
+/// Rows for every function of a Go binary's pclntab, or None when the
+/// binary is not amd64 (arm64 keeps return addresses in LR until a frame
+/// saves them: its rules are not written yet).
+pub fn rows_for(symbols: &crate::symbolize::go::GoSymbols) -> Option<TableRows> {
+    if symbols.pc_quantum() != 1 || symbols.pointer_size() != 8 {
+        return None;
+    }
+    let mut functions: Vec<GoFunctionUnwind> = symbols
+        .functions()
+        .map(|f| GoFunctionUnwind {
+            entry: f.entry(),
+            end: f.end(),
+            name: f.name().into_owned(),
+            flag: f.flag().0,
+            pcsp: f
+                .pcsp_runs()
+                .map(|run| (run.pc_start, run.pc_end, run.sp_delta))
+                .collect(),
+        })
+        .collect();
+    functions.sort_by_key(|f| f.entry);
+    rows(&functions)
+}
+
 /// Rows for all `functions` (sorted by entry), relative to the first
 /// entry. Gaps between functions (and after the last) walk frame pointers.
 pub fn rows(functions: &[GoFunctionUnwind]) -> Option<TableRows> {

@@ -37,7 +37,7 @@ pub struct ElfObject {
 /// section, or names the pclntab. (A stripped file that lost its section
 /// headers still has a readable pclntab, but scanning every non-Go
 /// object's data for one would cost time on every library.)
-fn looks_like_go(file: &object::File<'_>) -> bool {
+pub fn looks_like_go(file: &object::File<'_>) -> bool {
     use object::ObjectSection;
     [
         ".note.go.buildid",

@@ -1,0 +1,26 @@
+//! User-space half of USDT probes and uprobes: what a probe is and where
+//! to attach it, before any BPF.
+//!
+//! - [`usdt`]: probe sites from `.note.stapsdt` (file offset to attach at,
+//!   semaphore file offset for the kernel's `ref_ctr_offset`).
+//! - [`args`]: argument specs (`-4@%edi`, `8@[sp, 16]`) to typed locations,
+//!   registers as `struct pt_regs` offsets ([`arch`]).
+//! - [`spec`]: `usdt:PATH:PROVIDER:NAME` / `uprobe:PATH:SYMBOL` specs,
+//!   globs, near-match suggestions.
+//! - [`target`]: the objects a running process maps, where its probes live.
+//! - [`histogram`]: bpftrace's log2/linear buckets, its text output, and
+//!   Prometheus exposition.
+//!
+//! Facts used here are collected in /work/shared/design/PROBES.md.
+
+pub mod arch;
+pub mod args;
+pub mod histogram;
+pub mod spec;
+pub mod target;
+pub mod usdt;
+
+pub use arch::{Arch, Register};
+pub use args::{ArgSpec, ArgSpecError, Location, ScaledIndex, parse_args};
+pub use spec::{ProbeSpec, SpecError, Target, glob_match, suggest};
+pub use usdt::{Semaphore, UsdtError, UsdtProbe, UsdtProbes, read_probes, read_probes_as};

@@ -1,0 +1,115 @@
+//! Complete Go stacks: the share of samples whose user stack reaches its
+//! root (`runtime.goexit`, `runtime.main`, `runtime.mstart`), measured on a
+//! workload dominated by crypto/sha256's assembly (which uses BP as a
+//! general register, so frame-pointer walks stop inside it) and on a
+//! 200-deep recursion. Printed with and without the pcsp unwind tables.
+
+use std::path::{Path, PathBuf};
+
+use profiler_tests::*;
+
+const ROOTS: &[&str] = &[
+    "runtime.goexit",
+    "runtime.main",
+    "runtime.mstart",
+    "runtime.rt0_go",
+];
+
+/// The oldest and newest toolchains the project verifies.
+const VERSIONS: &[&str] = &["1.19", "1.27.3"];
+
+fn build(version: &str) -> PathBuf {
+    let dir = tempfile::Builder::new()
+        .prefix("go-unwind")
+        .tempdir()
+        .unwrap()
+        .keep();
+    let out = dir.join(format!("unwind-{version}"));
+    go_command(
+        &go_toolchain(version),
+        &workspace_root().join("tests/fixtures/go-unwind"),
+        &["build", "-o", out.to_str().unwrap(), "."],
+        &[],
+    );
+    out
+}
+
+/// (samples reaching a root, samples) for one profile of `workload`.
+fn root_share(binary: &Path, workload: &str, frame_pointers_only: bool) -> (i64, i64, Vec<Stack>) {
+    require_bpf_privileges();
+    let fixture = Running::start(binary, &[workload, "30"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("go.pb.gz");
+    let pid = fixture.pid().to_string();
+    let mut args = vec![
+        "--pid",
+        &pid,
+        "--duration",
+        "3s",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    if frame_pointers_only {
+        args.push("--frame-pointers-only");
+    }
+    record(&args);
+    let stacks = stacks(&read_pprof(&out));
+    let total: i64 = stacks.iter().map(|s| s.count).sum();
+    let rooted: i64 = stacks
+        .iter()
+        .filter(|s| {
+            s.frames
+                .last()
+                .is_some_and(|(name, _)| ROOTS.contains(&name.as_str()))
+        })
+        .map(|s| s.count)
+        .sum();
+    (rooted, total, stacks)
+}
+
+fn check(workload: &str, hot_function: &str) {
+    for version in VERSIONS {
+        let binary = build(version);
+        let (fp_rooted, fp_total, _) = root_share(&binary, workload, true);
+        let (rooted, total, stacks) = root_share(&binary, workload, false);
+        let share = 100.0 * rooted as f64 / total.max(1) as f64;
+        let fp_share = 100.0 * fp_rooted as f64 / fp_total.max(1) as f64;
+        println!(
+            "Go {version} {workload}: {share:.1}% of {total} samples reach a root with unwind \
+             tables, {fp_share:.1}% of {fp_total} with frame pointers only"
+        );
+        assert!(total > 100, "Go {version} {workload}: only {total} samples");
+        assert!(
+            stacks.iter().any(|s| {
+                s.frames.iter().any(|(name, _)| name.contains(hot_function)) && s.has("main.main")
+            }),
+            "Go {version} {workload}: no stack through {hot_function} and main.main"
+        );
+        let incomplete: Vec<_> = stacks
+            .iter()
+            .filter(|s| {
+                !s.frames
+                    .last()
+                    .is_some_and(|(name, _)| ROOTS.contains(&name.as_str()))
+            })
+            .take(5)
+            .collect();
+        assert!(
+            share >= 99.0,
+            "Go {version} {workload}: {share:.1}% of samples reach a root (target 99%); \
+             some that do not: {incomplete:#?}"
+        );
+    }
+}
+
+#[test]
+fn go_sha256_stacks_reach_their_root() {
+    // crypto/sha256.block up to Go 1.23, crypto/internal/fips140/sha256.* after.
+    check("sha256", "sha256.block");
+}
+
+#[test]
+fn go_deep_recursion_stacks_reach_their_root() {
+    check("deep", "main.recurse");
+}
