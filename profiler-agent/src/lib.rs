@@ -8,6 +8,8 @@
 //! stacks, SVG). `cli` is a thin layer over them.
 
 pub mod cli;
+pub mod continuous;
+pub mod export;
 pub mod probes;
 pub mod process;
 pub mod profile;

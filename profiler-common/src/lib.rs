@@ -6,6 +6,8 @@
 //! them.
 #![no_std]
 
+pub mod latency;
+
 /// Deepest kernel stack for one sample. It matches the kernel's default
 /// `kernel.perf_event_max_stack` (127): asking `bpf_get_stack` for more
 /// fails with -EFAULT on kernels that keep the default.
@@ -220,4 +222,12 @@ mod pod {
     unsafe impl aya::Pod for super::UnwindRow {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::ProcessUnwind {}
+    // SAFETY: as above (latency types: integers and byte arrays).
+    unsafe impl aya::Pod for super::latency::LatencyConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::latency::SiteConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::latency::HistKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::latency::HistValue {}
 }

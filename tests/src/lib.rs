@@ -428,3 +428,417 @@ pub fn build_go_fixture(
     go_command(&go, &workspace_root().join("tests/fixtures/go"), &args, env);
     out
 }
+
+/// Builds the latency fixture (`tests/fixtures/usdt/latency.c` and
+/// `latency_sem.c`: `demo:op__start/op__done` around sleeps of 1, 4 and
+/// 16 ms, and the same probes with semaphores as `demo_sem`) at `opt`.
+pub fn build_latency_fixture(opt: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+    if let Some(path) = built.get(opt) {
+        return path.clone();
+    }
+    let dir = target_dir()
+        .join("fixtures")
+        .join(format!("{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join(format!("latency{opt}"));
+    let sources = workspace_root().join("tests/fixtures/usdt");
+    let output = Command::new("cc")
+        .args([opt, "-g", "-o"])
+        .arg(&out)
+        .arg(sources.join("latency.c"))
+        .arg(sources.join("latency_sem.c"))
+        .output()
+        .expect("running cc (install it: `cargo xtask setup --tests`)");
+    assert!(
+        output.status.success(),
+        "building the latency fixture {opt} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    built.insert(opt.to_string(), out.clone());
+    out
+}
+
+/// A fixture that waits for a line on stdin before working and another
+/// before exiting (the latency fixture's `wait` mode, the Python script of
+/// the latency tests), so a tracer can attach first and read it after.
+pub struct Gated {
+    child: Child,
+}
+
+impl Gated {
+    pub fn start(program: &Path, args: &[&str]) -> Gated {
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
+        Gated { child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Lets it run; returns its first line of output (written when the
+    /// work is done).
+    pub fn run_to_gate(&mut self) -> String {
+        use std::io::{BufRead, BufReader, Write};
+        let stdin = self.child.stdin.as_mut().expect("piped stdin");
+        stdin.write_all(b"go\n").unwrap();
+        stdin.flush().unwrap();
+        let stdout = self.child.stdout.as_mut().expect("piped stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    }
+
+    /// Lets it exit; returns its exit status.
+    pub fn finish(mut self) -> std::process::ExitStatus {
+        use std::io::Write;
+        if let Some(stdin) = self.child.stdin.as_mut() {
+            let _ = stdin.write_all(b"go\n");
+        }
+        drop(self.child.stdin.take());
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A tracer (the agent, bpftrace) running in the background, its output
+/// collected as it comes.
+pub struct Background {
+    name: String,
+    child: Child,
+    stdout: std::sync::Arc<Mutex<String>>,
+    stderr: std::sync::Arc<Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// What a [`Background`] tracer printed.
+#[derive(Debug)]
+pub struct Finished {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Background {
+    pub fn start(program: &Path, args: &[&str]) -> Background {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {} {args:?}: {e}", program.display()));
+        let stdout = std::sync::Arc::new(Mutex::new(String::new()));
+        let stderr = std::sync::Arc::new(Mutex::new(String::new()));
+        let mut readers = Vec::new();
+        let pipes: [(Box<dyn std::io::Read + Send>, _); 2] = [
+            (Box::new(child.stdout.take().unwrap()), stdout.clone()),
+            (Box::new(child.stderr.take().unwrap()), stderr.clone()),
+        ];
+        for (mut pipe, sink) in pipes {
+            readers.push(std::thread::spawn(move || {
+                let mut buffer = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buffer) {
+                    if n == 0 {
+                        break;
+                    }
+                    sink.lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buffer[..n]));
+                }
+            }));
+        }
+        Background {
+            name: format!("{} {}", program.display(), args.join(" ")),
+            child,
+            stdout,
+            stderr,
+            readers,
+        }
+    }
+
+    /// Waits until stdout or stderr contains `text`; fails the test with
+    /// everything printed so far if the tracer exits or 30 s pass first.
+    pub fn wait_for(&mut self, text: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.stdout.lock().unwrap().contains(text)
+                || self.stderr.lock().unwrap().contains(text)
+            {
+                return;
+            }
+            let exited = self.child.try_wait().unwrap();
+            if exited.is_some() || std::time::Instant::now() > deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "{} did not print {text:?} ({}): stdout {:?} stderr {:?}",
+                    self.name,
+                    match exited {
+                        Some(status) => format!("exited: {status}"),
+                        None => "timed out".to_string(),
+                    },
+                    self.stdout.lock().unwrap(),
+                    self.stderr.lock().unwrap()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGINT (Ctrl-C) and collects the output.
+    pub fn interrupt(mut self) -> Finished {
+        let status = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -INT {} failed", self.child.id());
+        let status = self.child.wait().unwrap();
+        for reader in self.readers.drain(..) {
+            reader.join().unwrap();
+        }
+        let stdout = self.stdout.lock().unwrap().clone();
+        let stderr = self.stderr.lock().unwrap().clone();
+        Finished {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The rows of the histogram block headed `header` (e.g. `@ns` or
+/// `@ns[4]`) in bpftrace's text: (bucket label, count).
+pub fn histogram_rows(text: &str, header: &str) -> Vec<(String, u64)> {
+    let start = format!("{header}: ");
+    let mut lines = text.lines().skip_while(|l| *l != start);
+    assert!(lines.next().is_some(), "no block {header:?} in:\n{text}");
+    lines
+        .take_while(|l| !l.is_empty())
+        .map(|line| {
+            let (label, rest) = line.split_at(16.min(line.len()));
+            let count = rest
+                .split('|')
+                .next()
+                .and_then(|c| c.trim().parse().ok())
+                .unwrap_or_else(|| panic!("not a histogram row: {line:?}"));
+            (label.trim().to_string(), count)
+        })
+        .collect()
+}
+
+/// The u16 at file offset `file_offset` of `binary` in process `pid`
+/// (a USDT semaphore), read through /proc/PID/mem.
+pub fn read_mapped_u16(pid: u32, binary: &Path, file_offset: u64) -> u16 {
+    use std::os::unix::fs::FileExt;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    let canonical = std::fs::canonicalize(binary).unwrap();
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 6 || Path::new(fields[5]) != canonical {
+            continue;
+        }
+        let (start, end) = fields[0].split_once('-').unwrap();
+        let start = u64::from_str_radix(start, 16).unwrap();
+        let end = u64::from_str_radix(end, 16).unwrap();
+        let offset = u64::from_str_radix(fields[2], 16).unwrap();
+        if offset <= file_offset && file_offset < offset + (end - start) {
+            let mem = std::fs::File::open(format!("/proc/{pid}/mem")).unwrap();
+            let mut bytes = [0u8; 2];
+            mem.read_exact_at(&mut bytes, start + file_offset - offset)
+                .unwrap();
+            return u16::from_ne_bytes(bytes);
+        }
+    }
+    panic!(
+        "pid {pid} maps no page of {} at file offset {file_offset:#x}",
+        binary.display()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Continuous agent (`profiler-agent run`) helpers.
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("binding an ephemeral loopback port")
+        .port()
+}
+
+/// Calls `check` every 100 ms until it returns Some or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return Some(value);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A plain HTTP/1.0 GET to 127.0.0.1:`port` (no client dependency): the
+/// status and the body; None when nothing answers. `timeout` bounds the
+/// whole exchange.
+pub fn http_get(port: u16, path: &str, timeout: Duration) -> Option<(u16, Vec<u8>)> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream.set_read_timeout(Some(timeout)).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, response[split + 4..].to_vec()))
+}
+
+/// The value of an unlabelled (or exactly-labelled) sample line of a
+/// Prometheus text exposition, e.g. `metric_value(text, "x_total")` or
+/// `metric_value(text, "x_total{exporter=\"pyroscope\"}")`.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A running `profiler-agent run`; killed when dropped, its stderr kept in
+/// a file for failure messages.
+pub struct AgentRun {
+    child: Child,
+    log: PathBuf,
+    _log_dir: tempfile::TempDir,
+}
+
+impl AgentRun {
+    /// Starts `profiler-agent run ARGS`; the environment is cleared of
+    /// `PROFILER_AGENT_*` so only the arguments configure it.
+    pub fn start(args: &[&str]) -> AgentRun {
+        let log_dir = tempfile::tempdir().unwrap();
+        let log = log_dir.path().join("agent.log");
+        let mut command = Command::new(agent_bin());
+        command.arg("run").args(args);
+        for (key, _) in std::env::vars() {
+            if key.starts_with("PROFILER_AGENT_") && key != "PROFILER_AGENT_BIN" {
+                command.env_remove(key);
+            }
+        }
+        let child = command
+            .env("PROFILER_AGENT_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("starting profiler-agent run");
+        AgentRun {
+            child,
+            log,
+            _log_dir: log_dir,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until `/readyz` on `port` answers 200; fails with the log.
+    pub fn wait_ready(&mut self, port: u16) {
+        let ready = wait_for(Duration::from_secs(30), || {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "the agent exited ({status}) before it was ready:\n{}",
+                    self.log()
+                );
+            }
+            http_get(port, "/readyz", Duration::from_secs(2)).filter(|(s, _)| *s == 200)
+        });
+        assert!(
+            ready.is_some(),
+            "the agent was not ready after 30 s:\n{}",
+            self.log()
+        );
+    }
+
+    /// Whether the agent is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Sends SIGTERM and waits (at most `timeout`) for the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        wait_for(timeout, || self.child.try_wait().ok().flatten()).unwrap_or_else(|| {
+            panic!(
+                "the agent did not exit within {timeout:?} of SIGTERM:\n{}",
+                self.log()
+            )
+        })
+    }
+}
+
+unsafe extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}
+
+impl Drop for AgentRun {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Builds `tests/fixtures/go_latency` with Debian's Go 1.19; returns the
+/// binary.
+pub fn build_go_latency_fixture() -> PathBuf {
+    let go = go_toolchain("1.19");
+    let dir = target_dir()
+        .join("fixtures")
+        .join(format!("{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("go-latency");
+    go_command(
+        &go,
+        &workspace_root().join("tests/fixtures/go_latency"),
+        &["build", "-o", out.to_str().unwrap(), "."],
+        &[],
+    );
+    out
+}

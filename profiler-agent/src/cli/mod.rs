@@ -1,8 +1,10 @@
 //! The command line: parse, call the library, print. No profiling logic
 //! lives here.
 
+mod latency;
 mod probes;
 mod record;
+mod run;
 mod symbolize;
 
 use std::path::PathBuf;
@@ -40,6 +42,13 @@ enum Command {
     Symbolize(symbolize::SymbolizeArgs),
     /// USDT probes: list those of a binary or of a running process.
     Probes(probes::ProbesArgs),
+    /// Latency histograms in the kernel between two probes (USDT or
+    /// uprobes), of a function from entry to return, or probe hit counts.
+    Latency(latency::LatencyArgs),
+    /// Profile continuously (DaemonSet / service mode): windows exported
+    /// per service to a directory or Pyroscope, pulls on
+    /// /debug/pprof/profile, health on /metrics.
+    Run(Box<run::RunArgs>),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -92,7 +101,9 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Some(Command::Record(args)) => record::run(&args),
         Some(Command::Probes(args)) => probes::run(&args),
+        Some(Command::Latency(args)) => latency::run(&args),
         Some(Command::Symbolize(args)) => symbolize::run(&args),
+        Some(Command::Run(args)) => run::run(&args),
         None => record::run(&cli.record),
     };
     match result {

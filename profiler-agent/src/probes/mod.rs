@@ -10,12 +10,20 @@
 //! - [`target`]: the objects a running process maps, where its probes live.
 //! - [`histogram`]: bpftrace's log2/linear buckets, its text output, and
 //!   Prometheus exposition.
+//! - [`functions`]: functions by name (ELF symbols, Go pclntab) and their
+//!   RET instructions, for `uprobe:`/`uretprobe:` specs.
+//! - [`attach`]: uprobe perf events opened by hand (semaphores through
+//!   `ref_ctr_offset`) with a BPF program and cookie attached.
+//! - [`latency`]: the `latency` command's plan, BPF session and output.
 //!
 //! Facts used here are collected in /work/shared/design/PROBES.md.
 
 pub mod arch;
 pub mod args;
+pub mod attach;
+pub mod functions;
 pub mod histogram;
+pub mod latency;
 pub mod spec;
 pub mod target;
 pub mod usdt;

@@ -7,9 +7,11 @@
 //! Holding the handle means a process that exits mid-run is still
 //! symbolized at the end.
 
+mod container;
 mod maps;
 mod object;
 
+pub use container::{ContainerInfo, ContainerRuntime, container_of, parse_cgroup};
 pub use maps::{Backing, MapEntry, parse_maps};
 pub use object::{ObjectFile, ObjectId};
 
@@ -147,6 +149,19 @@ impl ProcessTable {
         self.objects.len()
     }
 
+    /// Forgets the processes `keep` rejects (a continuous run calls this
+    /// with "still alive" once their last window is exported), and closes
+    /// the objects no remaining process maps. Returns how many processes
+    /// were forgotten. Without it a long run's table only grows.
+    pub fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) -> usize {
+        let before = self.processes.len();
+        self.processes.retain(|&pid, _| keep(pid));
+        // An object still mapped by a process has a second reference.
+        self.objects
+            .retain(|_, object| Arc::strong_count(object) > 1);
+        before - self.processes.len()
+    }
+
     /// Captures `pid` on first sight; later, re-reads its maps when one of
     /// `user_pcs` is outside every known mapping (at most once a second).
     /// Returns true when it (re)read the process's mappings.
@@ -222,5 +237,37 @@ impl ProcessTable {
             path,
             object,
         }
+    }
+}
+
+#[cfg(test)]
+mod retain_tests {
+    use super::*;
+
+    #[test]
+    fn retain_forgets_processes_and_closes_unmapped_objects() {
+        let proc_root = tempfile::tempdir().unwrap();
+        let binary = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(binary.path(), b"not an ELF file, only opened").unwrap();
+        for (pid, inode) in [(10, 1), (11, 2)] {
+            let dir = proc_root.path().join(pid.to_string());
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("comm"), "app\n").unwrap();
+            std::fs::write(
+                dir.join("maps"),
+                format!(
+                    "00400000-00401000 r-xp 00000000 08:01 {inode} {}\n",
+                    binary.path().display()
+                ),
+            )
+            .unwrap();
+        }
+        let mut table = ProcessTable::new(proc_root.path());
+        assert!(table.observe(10, &[]));
+        assert!(table.observe(11, &[]));
+        assert_eq!((table.len(), table.object_count()), (2, 2));
+        assert_eq!(table.retain(|pid| pid == 10), 1);
+        assert_eq!((table.len(), table.object_count()), (1, 1));
+        assert!(table.get(10).is_some() && table.get(11).is_none());
     }
 }

@@ -164,6 +164,13 @@ impl Sampler {
                 .ok_or(SamplingError::MissingMap("COUNTERS"))?,
         )
         .map_err(|e| SamplingError::Map("COUNTERS", e))?;
+        // Loading parsed the kernel's BTF (megabytes of type data) and
+        // freed it; hand that memory back instead of keeping it resident.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe {
+            libc::malloc_trim(0);
+        }
         let sampler = Sampler {
             samples,
             counters,

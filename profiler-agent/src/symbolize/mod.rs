@@ -24,6 +24,10 @@ use std::sync::Arc;
 
 use crate::process::{Mapping, ObjectFile, ObjectId, Process};
 
+/// The bytes of an object file, shared by the resolvers that read from it
+/// lazily (a memory map in the agent; any buffer in tests).
+pub type FileBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 /// Counts of what symbolization did, reported at the end of a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SymbolizerStats {
@@ -74,7 +78,8 @@ fn add_debug_info(
         if let Some(dwarf) = dwarf::DwarfSymbols::from_object(&debug, &debug_data) {
             object.insert_before_symbols(Box::new(dwarf));
         }
-        let symbols = elf::ElfSymbols::from_object(&debug);
+        let debug_bytes: FileBytes = debug_data.clone();
+        let symbols = elf::ElfSymbols::from_object(&debug, &debug_bytes);
         if !symbols.is_empty() {
             object.push_resolver(Box::new(symbols));
         }
@@ -154,13 +159,14 @@ impl Symbolizer {
             .as_ref()
             .map_err(|e| format!("unreadable ({e})"))?;
         let data = Arc::new(map_file(handle)?);
+        let bytes: FileBytes = data.clone();
         elf::guard(|| {
             let parsed = object::File::parse(&**data)?;
             let build_id = object::Object::build_id(&parsed).ok().flatten();
             if let Some(shared) = build_id.and_then(|id| self.by_build_id.get(id)) {
                 return Ok(shared.clone());
             }
-            let mut object = ElfObject::from_file(&parsed);
+            let mut object = ElfObject::from_file(&parsed, &bytes);
             add_debug_info(&mut object, &parsed, &data, file);
             let object = Arc::new(object);
             if let Some(id) = &object.build_id {
@@ -327,6 +333,22 @@ mod tests {
                 .iter()
                 .any(|p| p.contains("no-kallsyms"))
         );
+    }
+
+    /// Inputs the fuzz targets (fuzz/, `cargo xtask fuzz`) found crashing,
+    /// replayed exactly as the target ran them.
+    #[test]
+    fn fuzz_regressions_elf_object() {
+        let inputs: [&[u8]; 1] = [include_bytes!("../../testdata/fuzz/elf_object-crash-140b8fa9")];
+        for data in inputs {
+            if let Ok(object) = ElfObject::parse(data) {
+                for address in [0, 0x1000, 0x401000, u64::MAX / 2, u64::MAX] {
+                    let _ = object.resolve(address);
+                    let _ = object.offset_to_address(address);
+                }
+                let _ = object.unwind_rows();
+            }
+        }
     }
 
     #[test]

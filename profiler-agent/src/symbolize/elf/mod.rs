@@ -61,11 +61,13 @@ impl ElfObject {
     /// Parses an object from its bytes. Malformed input is an error, never
     /// a panic of the agent.
     pub fn parse(data: &[u8]) -> Result<Self, ElfError> {
-        guard(|| Ok(Self::from_file(&object::File::parse(data)?)))
+        let data: super::FileBytes = std::sync::Arc::new(data.to_vec());
+        guard(|| Ok(Self::from_file(&object::File::parse((*data).as_ref())?, &data)))
     }
 
-    /// Builds the lookup tables of an already parsed file.
-    pub fn from_file(file: &object::File<'_>) -> Self {
+    /// Builds the lookup tables of an already parsed file whose bytes are
+    /// `data` (kept: symbol names are read from it when looked up).
+    pub fn from_file(file: &object::File<'_>, data: &super::FileBytes) -> Self {
         let segments = file
             .segments()
             .map(|segment| {
@@ -78,7 +80,7 @@ impl ElfObject {
             })
             .collect();
         let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
-        let symbols = ElfSymbols::from_object(file);
+        let symbols = ElfSymbols::from_object(file, data);
         let mut resolvers: Vec<Box<dyn Resolver>> = Vec::new();
         // Go binaries: the pclntab knows files, lines and inline frames,
         // and survives stripping; try it before the ELF symbols.
@@ -115,10 +117,12 @@ impl ElfObject {
     /// runtime address minus its mapping's start plus the mapping's file
     /// offset gives `offset`, whatever address the loader chose.
     pub fn offset_to_address(&self, offset: u64) -> Option<u64> {
-        self.segments
-            .iter()
-            .find(|s| s.file_offset <= offset && offset < s.file_offset + s.file_size)
-            .map(|s| s.address + (offset - s.file_offset))
+        // Checked: segment fields come from the file and may be anything
+        // (found by the elf_object fuzz target).
+        self.segments.iter().find_map(|s| {
+            let within = offset.checked_sub(s.file_offset)?;
+            (within < s.file_size).then(|| s.address.wrapping_add(within))
+        })
     }
 
     /// Frames for an ELF virtual address, from the first resolver that

@@ -2,6 +2,7 @@
 
 use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
 
+use super::super::FileBytes;
 use super::super::demangle::demangle;
 use super::super::frame::{Frame, Resolver};
 
@@ -10,25 +11,32 @@ struct Entry {
     address: u64,
     /// 0 when the table does not say (assembly labels).
     size: u64,
-    /// Index into `ElfSymbols::names`.
-    name: u32,
+    /// Where the (mangled) name sits in the file's bytes.
+    name_offset: u64,
+    name_len: u32,
 }
 
-/// A sorted table of function symbols with their demangled names.
+/// A sorted table of function symbols. Names stay in the file's bytes
+/// (memory-mapped) and are demangled when looked up: a large C++ or Rust
+/// library has hundreds of thousands of symbols, and a profile names a few
+/// hundred of them, so copying or demangling them all up front cost most of
+/// the agent's CPU and memory (measured on rustc's librustc_driver).
 pub struct ElfSymbols {
     entries: Vec<Entry>,
-    /// (demangled, mangled-if-different)
-    names: Vec<(String, Option<String>)>,
+    data: FileBytes,
 }
 
 impl ElfSymbols {
     pub const KIND: &'static str = "elf-symbols";
 
-    /// Reads every function symbol of `file`: `.symtab` first, then
-    /// `.dynsym` for what a stripped file still exports. At one address the
-    /// first name seen wins, a global over a local.
-    pub fn from_object<'data>(file: &object::File<'data>) -> Self {
-        let mut raw: Vec<(u64, u64, bool, &'data str)> = Vec::new();
+    /// Reads every function symbol of `file` (whose bytes are `data`):
+    /// `.symtab` first, then `.dynsym` for what a stripped file still
+    /// exports. At one address the first name seen wins, a global over a
+    /// local.
+    pub fn from_object<'data>(file: &object::File<'data>, data: &FileBytes) -> Self {
+        let bytes: &[u8] = (**data).as_ref();
+        let base = bytes.as_ptr() as usize;
+        let mut raw: Vec<(u64, u64, bool, Entry)> = Vec::new();
         let text_sections: Vec<_> = file
             .sections()
             .filter(|s| s.kind() == SectionKind::Text)
@@ -49,11 +57,22 @@ impl ElfSymbols {
             if !is_code {
                 return;
             }
-            if let Ok(name) = symbol.name()
-                && !name.is_empty()
-            {
-                raw.push((symbol.address(), symbol.size(), symbol.is_global(), name));
+            let Ok(name) = symbol.name() else {
+                return;
+            };
+            // The name is a slice of `data` (object reads without copying):
+            // keep where it is, not the text.
+            let offset = (name.as_ptr() as usize).wrapping_sub(base);
+            if name.is_empty() || offset.checked_add(name.len()).is_none_or(|end| end > bytes.len()) {
+                return;
             }
+            let entry = Entry {
+                address: symbol.address(),
+                size: symbol.size(),
+                name_offset: offset as u64,
+                name_len: u32::try_from(name.len()).unwrap_or(0),
+            };
+            raw.push((entry.address, entry.size, symbol.is_global(), entry));
         };
         file.symbols().for_each(&mut take);
         file.dynamic_symbols().for_each(&mut take);
@@ -61,20 +80,10 @@ impl ElfSymbols {
         // Stable sort keeps .symtab before .dynsym at equal keys; globals first.
         raw.sort_by_key(|&(address, _, global, _)| (address, !global));
         raw.dedup_by_key(|&mut (address, ..)| address);
-
-        let mut names = Vec::with_capacity(raw.len());
-        let mut entries = Vec::with_capacity(raw.len());
-        for (address, size, _, name) in raw {
-            let demangled = demangle(name);
-            let system = (demangled != name).then(|| name.to_string());
-            entries.push(Entry {
-                address,
-                size,
-                name: names.len() as u32,
-            });
-            names.push((demangled, system));
+        ElfSymbols {
+            entries: raw.into_iter().map(|(.., entry)| entry).collect(),
+            data: data.clone(),
         }
-        ElfSymbols { entries, names }
     }
 
     pub fn len(&self) -> usize {
@@ -85,16 +94,35 @@ impl ElfSymbols {
         self.entries.is_empty()
     }
 
+    fn raw_name(&self, entry: &Entry) -> Option<&str> {
+        let bytes: &[u8] = (*self.data).as_ref();
+        let start = usize::try_from(entry.name_offset).ok()?;
+        let name = bytes.get(start..start.checked_add(entry.name_len as usize)?)?;
+        std::str::from_utf8(name).ok()
+    }
+
     /// The symbol covering `address`: the last one starting at or below it,
     /// if its size reaches `address` (sizeless symbols reach to the next).
-    pub fn lookup(&self, address: u64) -> Option<(&str, Option<&str>, u64)> {
+    /// Returns the demangled name, the mangled one when it differs, and the
+    /// symbol's address.
+    pub fn lookup(&self, address: u64) -> Option<(String, Option<&str>, u64)> {
         let index = self.entries.partition_point(|e| e.address <= address);
         let entry = self.entries.get(index.checked_sub(1)?)?;
-        if entry.size != 0 && address >= entry.address + entry.size {
+        if entry.size != 0 && address - entry.address >= entry.size {
             return None;
         }
-        let (name, system) = &self.names[entry.name as usize];
-        Some((name, system.as_deref(), entry.address))
+        let raw = self.raw_name(entry)?;
+        let name = demangle(raw);
+        let system = (name != raw).then_some(raw);
+        Some((name, system, entry.address))
+    }
+
+    /// Every name, demangled, in address order.
+    pub fn names(&self) -> impl Iterator<Item = String> + '_ {
+        self.entries
+            .iter()
+            .filter_map(|e| self.raw_name(e))
+            .map(demangle)
     }
 }
 
@@ -106,7 +134,7 @@ impl Resolver for ElfSymbols {
     fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
         let (name, system, _) = self.lookup(address)?;
         Some(vec![Frame {
-            function: name.to_string(),
+            function: name,
             system_name: system.map(str::to_string),
             file: None,
             line: None,
@@ -173,9 +201,9 @@ mod tests {
     }
 
     fn symbols_of(binary: &Path) -> ElfSymbols {
-        let data = std::fs::read(binary).unwrap();
-        let file = object::File::parse(&*data).unwrap();
-        ElfSymbols::from_object(&file)
+        let data: crate::symbolize::FileBytes = std::sync::Arc::new(std::fs::read(binary).unwrap());
+        let file = object::File::parse((*data).as_ref()).unwrap();
+        ElfSymbols::from_object(&file, &data)
     }
 
     /// Every code symbol `nm` lists is found at its address and at its
@@ -210,13 +238,13 @@ mod tests {
                 .unwrap_or_else(|| panic!("{name} at {address:#x} not found"));
             assert_eq!(start, address, "{name}");
             assert!(
-                aliases.contains(&found),
+                aliases.contains(&found.as_str()),
                 "{address:#x}: we say {found}, nm says {aliases:?}"
             );
             if let Some(size) = size.filter(|&s| s > 1) {
                 let (last, ..) = symbols.lookup(address + size - 1).unwrap();
                 assert!(
-                    aliases.contains(&last),
+                    aliases.contains(&last.as_str()),
                     "{name}+{:#x}: we say {last}",
                     size - 1
                 );
@@ -254,9 +282,7 @@ mod tests {
         let checked = assert_agrees_with_nm(&binary);
         assert!(checked >= 5, "only {checked} symbols checked");
         let symbols = symbols_of(&binary);
-        let demangled: Vec<String> = (0..symbols.names.len())
-            .map(|i| symbols.names[i].0.clone())
-            .collect();
+        let demangled: Vec<String> = symbols.names().collect();
         for expected in [
             "geometry::Circle::area() const",
             "geometry::scale(double, int)",

@@ -1,0 +1,18 @@
+//! Any text as /proc/PID/maps, /proc/kallsyms, a USDT argument spec (both
+//! architectures) or a probe spec: never a panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use profiler_agent::probes::{Arch, ArgSpec, ProbeSpec};
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let _ = profiler_agent::process::parse_maps(text);
+    let _ = profiler_agent::symbolize::KernelSymbols::parse(text).lookup(0xffffffff81000000);
+    for arch in [Arch::X86_64, Arch::Arm64] {
+        let _ = ArgSpec::parse(text, arch);
+    }
+    let _ = ProbeSpec::parse(text);
+});

@@ -1,0 +1,206 @@
+//! `profiler-agent latency START END | uprobe:PATH:F | --count PROBE`:
+//! in-kernel latency histograms (or hit counts) printed like bpftrace.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use profiler_common::latency::LatencyCounter;
+
+use crate::probes::histogram::{Layout, Unit};
+use crate::probes::latency::render::{prometheus_report, text_report};
+use crate::probes::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, Snapshot, plan};
+use crate::probes::spec::ProbeSpec;
+
+#[derive(Debug, Args)]
+#[command(after_help = "Examples:\n  \
+    profiler-agent latency usdt:./app:demo:op__start usdt:./app:demo:op__done --unit us\n  \
+    profiler-agent latency uprobe:/usr/bin/python3.11:PyObject_GC_Collect\n  \
+    profiler-agent latency --count usdt:/usr/bin/python3.11:python:gc__start --by arg0 --pid 1234")]
+pub struct LatencyArgs {
+    /// START END probe specs, or one uprobe:PATH:FUNCTION (entry to return),
+    /// or with --count one probe. Specs: usdt:PATH:PROVIDER:NAME,
+    /// uprobe:PATH:SYMBOL, uretprobe:PATH:SYMBOL (globs allowed).
+    #[arg(value_name = "PROBE", required = true, num_args = 1..=2)]
+    probes: Vec<String>,
+
+    /// Count hits of one probe instead of timing.
+    #[arg(long)]
+    count: bool,
+
+    /// Only this process. Without it, every process running the binary,
+    /// including processes started after attaching.
+    #[arg(short, long, value_name = "PID")]
+    pid: Option<u32>,
+
+    /// Stop after this long (500ms, 10s, 2m); without it, run until Ctrl-C.
+    #[arg(short, long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+
+    /// Also print a histogram of each interval of this length.
+    #[arg(short, long, value_parser = humantime::parse_duration)]
+    interval: Option<Duration>,
+
+    /// Unit of the recorded durations.
+    #[arg(long, default_value = "ns", value_parser = parse_unit)]
+    unit: Unit,
+
+    /// Linear buckets MIN,MAX,STEP (in --unit) instead of log2.
+    #[arg(long, value_name = "MIN,MAX,STEP", value_parser = parse_linear)]
+    linear: Option<Layout>,
+
+    /// Key the histogram by argN (integer argument), str:argN (string it
+    /// points to), pid or comm. Arguments are read at the start probe.
+    #[arg(long, value_name = "KEY", value_parser = KeyBy::parse)]
+    by: Option<KeyBy>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Prometheus,
+}
+
+fn parse_unit(text: &str) -> Result<Unit, String> {
+    match text {
+        "ns" => Ok(Unit::Nanoseconds),
+        "us" => Ok(Unit::Microseconds),
+        "ms" => Ok(Unit::Milliseconds),
+        _ => Err(format!("{text:?}: the unit is ns, us or ms")),
+    }
+}
+
+fn parse_linear(text: &str) -> Result<Layout, String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    let [min, max, step] = parts.as_slice() else {
+        return Err(format!("{text:?}: expected MIN,MAX,STEP, e.g. 0,100,10"));
+    };
+    let number = |s: &str| {
+        s.parse::<i64>()
+            .map_err(|_| format!("{s:?} in {text:?} is not an integer"))
+    };
+    Layout::linear(number(min)?, number(max)?, number(step)?).map_err(|e| e.to_string())
+}
+
+pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
+    let specs: Vec<ProbeSpec> = args
+        .probes
+        .iter()
+        .map(|s| ProbeSpec::parse(s))
+        .collect::<Result<_, _>>()?;
+    let measure = match (args.count, specs.as_slice()) {
+        (true, [one]) => Measure::Count(one.clone()),
+        (true, _) => bail!("--count takes one probe"),
+        (false, [one]) => Measure::function(one.clone())?,
+        (false, [start, end]) => Measure::Between {
+            start: start.clone(),
+            end: end.clone(),
+        },
+        (false, _) => bail!("give START and END probes, or one uprobe:PATH:FUNCTION"),
+    };
+    let options = LatencyOptions {
+        measure,
+        pid: args.pid,
+        unit: args.unit,
+        layout: args.linear.unwrap_or(Layout::Log2),
+        key: args.by.unwrap_or_default(),
+    };
+    let plan = plan(&options)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
+    }
+    let mut session = Session::start(&plan)?;
+    announce(&plan, &session, args);
+
+    let started = Instant::now();
+    let mut last = Snapshot::default();
+    let mut next_interval = args.interval.map(|i| started + i);
+    let mut stdout = std::io::stdout();
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let now = Instant::now();
+        if args.duration.is_some_and(|d| now >= started + d) {
+            break;
+        }
+        if let (Some(at), Some(interval)) = (next_interval, args.interval)
+            && now >= at
+        {
+            let snapshot = session.snapshot();
+            let delta = snapshot.since(&last);
+            writeln!(stdout, "# {:.1}s", (at - started).as_secs_f64())?;
+            stdout.write_all(report(&plan, &delta, args.format)?.as_bytes())?;
+            stdout.flush()?;
+            last = snapshot;
+            next_interval = Some(at + interval);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Detach first: every semaphore is lowered even if printing fails.
+    session.detach();
+    let total = session.snapshot();
+    if args.interval.is_some() {
+        writeln!(stdout, "# total, {:.1}s", started.elapsed().as_secs_f64())?;
+    }
+    stdout.write_all(report(&plan, &total, args.format)?.as_bytes())?;
+    stdout.flush()?;
+    eprintln!("{}", counters_line(&total));
+    Ok(())
+}
+
+fn report(plan: &Plan, snapshot: &Snapshot, format: Format) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Text => text_report(plan, snapshot)?,
+        Format::Prometheus => prometheus_report(plan, snapshot).map_err(anyhow::Error::msg)?,
+    })
+}
+
+fn announce(plan: &Plan, session: &Session, args: &LatencyArgs) {
+    let scope = match args.pid {
+        Some(pid) => format!("pid {pid}"),
+        None => "every process running the binary, also ones started later".to_string(),
+    };
+    let keyed = if plan.by_goroutine {
+        ", starts keyed by goroutine"
+    } else {
+        ""
+    };
+    eprintln!(
+        "attached {} uprobes for {}{keyed} (Ctrl-C to print and stop)",
+        session.attached(),
+        scope
+    );
+    for site in &plan.sites {
+        tracing::info!(site = %site.label, role = ?site.role, offset = site.target.file_offset, "attached");
+    }
+}
+
+/// What the kernel side counted, on one line: nothing is lost silently.
+fn counters_line(snapshot: &Snapshot) -> String {
+    let parts: Vec<String> = snapshot
+        .counters
+        .iter()
+        .filter(|(c, v)| {
+            *v > 0
+                || matches!(
+                    c,
+                    LatencyCounter::EndWithoutStart
+                        | LatencyCounter::StartMapFull
+                        | LatencyCounter::HistogramFull
+                        | LatencyCounter::ArgReadFailed
+                )
+        })
+        .map(|(c, v)| format!("{v} {}", c.name()))
+        .collect();
+    format!("kernel: {}", parts.join(", "))
+}

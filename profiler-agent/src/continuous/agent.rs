@@ -1,0 +1,613 @@
+//! The run loop of `profiler-agent run`: sample continuously, cut windows,
+//! turn each window into one labelled pprof per service, hand them to the
+//! exporters, serve pulls, and shut down cleanly on SIGTERM.
+//!
+//! Samples are moved out of the recorder (`take_window`) whenever anything
+//! needs them — a window ends, a pull starts or ends — and merged into
+//! every open accumulator (the export window and each pull), so a pull of
+//! N seconds covers the next N seconds to within one poll (100 ms), not
+//! the export window's boundaries.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::export::directory::DirectoryExporter;
+use crate::export::pyroscope::PyroscopeExporter;
+use crate::export::server::{PullRequest, Server};
+use crate::export::{Batch, ExporterHandle, Metrics, ServiceProfile};
+use crate::process::ProcessTable;
+use crate::profile::Profile;
+use crate::record::{ProfileWindow, Recorder, Recording, StackKey, Window, build_profile_of};
+use crate::sampling::{KernelCounters, SamplingConfig, SamplingError};
+
+use super::config::Config;
+use super::kernel_counters::{self, KernelCounterReader};
+use super::metadata::MetadataCache;
+
+const POLL: Duration = Duration::from_millis(100);
+const METRICS_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    #[error(transparent)]
+    Listen(#[from] crate::export::server::ListenError),
+    #[error("starting the {name} exporter: {message}")]
+    Exporter { name: &'static str, message: String },
+}
+
+/// What a run did, for the final log line.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RunSummary {
+    pub windows: u64,
+    pub profiles: u64,
+    /// Exporters that had not delivered everything when the grace period
+    /// ended.
+    pub exporters_unfinished: usize,
+}
+
+/// Counted stacks since `started`.
+struct Accumulator {
+    started: SystemTime,
+    stacks: HashMap<StackKey, u64>,
+}
+
+impl Accumulator {
+    fn new() -> Self {
+        Accumulator {
+            started: SystemTime::now(),
+            stacks: HashMap::new(),
+        }
+    }
+}
+
+struct Pull {
+    deadline: Instant,
+    pid: Option<u32>,
+    service: Option<String>,
+    accumulator: Accumulator,
+    reply: std::sync::mpsc::SyncSender<Result<Vec<u8>, String>>,
+}
+
+/// Where symbols come from: the live recorder, or a recording finished
+/// at shutdown or before a restart.
+enum Symbols<'a> {
+    Live(&'a mut Recorder),
+    Finished(&'a mut Recording),
+}
+
+impl Symbols<'_> {
+    fn poll(&mut self) {
+        if let Symbols::Live(recorder) = self {
+            recorder.poll(Duration::ZERO);
+        }
+    }
+
+    fn profile(&mut self, window: &Window) -> Profile {
+        match self {
+            Symbols::Live(recorder) => recorder.profile_of(window, |_| true),
+            Symbols::Finished(recording) => build_profile_of(
+                window.stacks.iter(),
+                &recording.processes,
+                &mut recording.symbolizer,
+                &window.profile,
+            ),
+        }
+    }
+}
+
+/// Live totals of one sampler, added to what earlier samplers counted.
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    kernel: KernelCounters,
+    samples: u64,
+    objects_failed: u64,
+    user_unresolved: u64,
+    kernel_unresolved: u64,
+}
+
+impl Totals {
+    fn of(recording: &Recording, kernel: KernelCounters) -> Totals {
+        let s = &recording.symbolizer.stats;
+        Totals {
+            kernel,
+            samples: recording.samples,
+            objects_failed: s.objects_failed,
+            user_unresolved: s.user_unresolved,
+            kernel_unresolved: s.kernel_unresolved,
+        }
+    }
+
+    fn plus(self, other: Totals) -> Totals {
+        Totals {
+            kernel: kernel_counters::add(&self.kernel, &other.kernel),
+            samples: self.samples + other.samples,
+            objects_failed: self.objects_failed + other.objects_failed,
+            user_unresolved: self.user_unresolved + other.user_unresolved,
+            kernel_unresolved: self.kernel_unresolved + other.kernel_unresolved,
+        }
+    }
+}
+
+pub struct Agent {
+    config: Config,
+    sampling: SamplingConfig,
+    node: String,
+    metrics: Arc<Metrics>,
+    recorder: Option<Recorder>,
+    counters: Option<KernelCounterReader>,
+    /// Totals of samplers that were restarted.
+    carried: Totals,
+    meta: MetadataCache,
+    window: Accumulator,
+    window_deadline: Instant,
+    pulls: Vec<Pull>,
+    exporters: Vec<ExporterHandle>,
+    server: Option<Server>,
+    pull_requests: Receiver<PullRequest>,
+    summary: RunSummary,
+}
+
+impl Agent {
+    /// Starts the exporters, the sampler and the listener.
+    pub fn start(config: Config, metrics: Arc<Metrics>) -> Result<Agent, RunError> {
+        let exporters = start_exporters(&config, &metrics)?;
+        let sampling = SamplingConfig {
+            frequency_hz: config.frequency_hz,
+            pids: config.pids.clone(),
+            unwind_tables: !config.frame_pointers_only,
+        };
+        let recorder = Recorder::start(&sampling)?;
+        let (pull_tx, pull_requests) = std::sync::mpsc::channel();
+        let server = match config.listen_addr() {
+            Ok(Some(addr)) => Some(Server::start(
+                addr,
+                metrics.clone(),
+                pull_tx,
+                config.max_pull_seconds,
+            )?),
+            _ => None,
+        };
+        metrics.ready.store(true, Relaxed);
+        let node = config.node_name();
+        tracing::info!(
+            node = %node,
+            cpus = recorder.cpus().len(),
+            frequency_hz = config.frequency_hz,
+            window = %humantime::format_duration(config.window),
+            scope = if config.pids.is_empty() { "node".to_string() } else { format!("pids {:?}", config.pids) },
+            exporters = %exporters.iter().map(|e| e.stats().name.clone()).collect::<Vec<_>>().join(","),
+            listen = %server.as_ref().map_or("off".to_string(), |s| s.addr.to_string()),
+            "profiling"
+        );
+        Ok(Agent {
+            window_deadline: Instant::now() + config.window,
+            config,
+            sampling,
+            node,
+            metrics,
+            recorder: Some(recorder),
+            counters: KernelCounterReader::open(),
+            carried: Totals::default(),
+            meta: MetadataCache::default(),
+            window: Accumulator::new(),
+            pulls: Vec::new(),
+            exporters,
+            server,
+            pull_requests,
+            summary: RunSummary::default(),
+        })
+    }
+
+    /// The address the pull endpoints listen on, if any.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        self.server.as_ref().map(|s| s.addr)
+    }
+
+    /// Runs until `stop` is set, then delivers the last window within the
+    /// grace period.
+    pub fn run(mut self, stop: &AtomicBool) -> Result<RunSummary, RunError> {
+        let mut last_metrics = Instant::now() - METRICS_EVERY;
+        while !stop.load(Relaxed) {
+            let recorder = self.recorder.as_mut().expect("a recorder while running");
+            recorder.poll(POLL);
+            while let Ok(request) = self.pull_requests.try_recv() {
+                self.start_pull(request);
+            }
+            let now = Instant::now();
+            let pull_due = self.pulls.iter().any(|p| p.deadline <= now);
+            if now >= self.window_deadline {
+                self.end_window()?;
+            } else if pull_due {
+                self.flush();
+                self.finish_due_pulls(now);
+            }
+            if last_metrics.elapsed() >= METRICS_EVERY {
+                last_metrics = Instant::now();
+                self.update_metrics();
+            }
+        }
+        self.shutdown()
+    }
+
+    fn start_pull(&mut self, request: PullRequest) {
+        // Samples so far belong to the open windows, not to this pull.
+        self.flush();
+        self.pulls.push(Pull {
+            deadline: Instant::now() + Duration::from_secs(request.seconds),
+            pid: request.pid,
+            service: request.service,
+            accumulator: Accumulator::new(),
+            reply: request.reply,
+        });
+    }
+
+    /// Moves the recorder's stacks into every open accumulator.
+    fn flush(&mut self) {
+        let Some(recorder) = self.recorder.as_mut() else {
+            return;
+        };
+        let window = recorder.take_window();
+        self.merge(window.stacks);
+    }
+
+    fn merge(&mut self, stacks: HashMap<StackKey, u64>) {
+        for (key, count) in stacks {
+            for pull in &mut self.pulls {
+                let wanted = pull.pid.is_none_or(|pid| pid == key.pid)
+                    && pull
+                        .service
+                        .as_ref()
+                        .is_none_or(|s| *s == self.meta.get(key.pid).service);
+                if wanted {
+                    *pull.accumulator.stacks.entry(key.clone()).or_default() += count;
+                }
+            }
+            *self.window.stacks.entry(key).or_default() += count;
+        }
+    }
+
+    fn finish_due_pulls(&mut self, now: Instant) {
+        let (due, open): (Vec<Pull>, Vec<Pull>) = std::mem::take(&mut self.pulls)
+            .into_iter()
+            .partition(|p| p.deadline <= now);
+        self.pulls = open;
+        let Some(recorder) = self.recorder.as_mut() else {
+            return;
+        };
+        let mut symbols = Symbols::Live(recorder);
+        for pull in due {
+            let bytes = pull_profile(
+                &mut symbols,
+                &mut self.meta,
+                &self.node,
+                pull.accumulator,
+                self.config.frequency_hz,
+            );
+            let _ = pull.reply.send(bytes);
+        }
+    }
+
+    /// Ends the export window: profiles per service to every exporter;
+    /// restarts the sampler first when its caches outgrew their bounds.
+    fn end_window(&mut self) -> Result<(), RunError> {
+        self.flush();
+        let recorder = self.recorder.as_ref().expect("a recorder while running");
+        let processes: &ProcessTable = &recorder.recording().processes;
+        let restart = processes.len() > self.config.max_processes
+            || processes.object_count() > self.config.max_objects;
+        if restart {
+            tracing::info!(
+                processes = processes.len(),
+                objects = processes.object_count(),
+                "restarting the sampler to bound memory (max_processes / max_objects)"
+            );
+            let mut recording = self.finish_recorder();
+            self.merge(std::mem::take(&mut recording.stacks));
+            self.export_window(&mut Symbols::Finished(&mut recording));
+            self.finish_due_pulls_with(&mut Symbols::Finished(&mut recording), Instant::now());
+            drop(recording);
+            self.recorder = Some(Recorder::start(&self.sampling)?);
+            self.counters = KernelCounterReader::open();
+            self.metrics.sampler_restarts.fetch_add(1, Relaxed);
+        } else {
+            let recorder = self.recorder.as_mut().expect("a recorder while running");
+            let mut symbols = Symbols::Live(recorder);
+            export_window(
+                &mut symbols,
+                &mut self.meta,
+                &mut self.window,
+                &self.node,
+                &self.config,
+                &self.exporters,
+                &self.metrics,
+                &mut self.summary,
+            );
+            self.finish_due_pulls(Instant::now());
+        }
+        self.window_deadline += self.config.window;
+        // A long stall (a huge first symbolization) must not make windows
+        // pile up back to back.
+        if self.window_deadline < Instant::now() {
+            self.window_deadline = Instant::now() + self.config.window;
+        }
+        let evicted = self.meta.evict_exited();
+        if evicted > 0 {
+            tracing::debug!(evicted, "forgot exited processes");
+        }
+        Ok(())
+    }
+
+    fn export_window(&mut self, symbols: &mut Symbols<'_>) {
+        export_window(
+            symbols,
+            &mut self.meta,
+            &mut self.window,
+            &self.node,
+            &self.config,
+            &self.exporters,
+            &self.metrics,
+            &mut self.summary,
+        );
+    }
+
+    fn finish_due_pulls_with(&mut self, symbols: &mut Symbols<'_>, now: Instant) {
+        let (due, open): (Vec<Pull>, Vec<Pull>) = std::mem::take(&mut self.pulls)
+            .into_iter()
+            .partition(|p| p.deadline <= now);
+        self.pulls = open;
+        for pull in due {
+            let bytes = pull_profile(
+                symbols,
+                &mut self.meta,
+                &self.node,
+                pull.accumulator,
+                self.config.frequency_hz,
+            );
+            let _ = pull.reply.send(bytes);
+        }
+    }
+
+    /// Stops the sampler (draining what is in flight) and carries its
+    /// totals over.
+    fn finish_recorder(&mut self) -> Recording {
+        let kernel = self.counters.take().map(|c| c.read()).unwrap_or_default();
+        let recorder = self.recorder.take().expect("a recorder while running");
+        let recording = recorder.finish();
+        // finish() read the final counters itself.
+        let kernel = if recording.counters == KernelCounters::default() {
+            kernel
+        } else {
+            recording.counters
+        };
+        self.carried = self.carried.plus(Totals::of(&recording, kernel));
+        recording
+    }
+
+    fn update_metrics(&self) {
+        let m = &self.metrics;
+        let live = match &self.recorder {
+            Some(recorder) => Totals::of(
+                recorder.recording(),
+                self.counters.as_ref().map(|c| c.read()).unwrap_or_default(),
+            ),
+            None => Totals::default(),
+        };
+        let t = self.carried.plus(live);
+        m.kernel_fired.store(t.kernel.fired, Relaxed);
+        m.kernel_idle.store(t.kernel.idle, Relaxed);
+        m.kernel_sent.store(t.kernel.sent, Relaxed);
+        m.kernel_ring_buffer_full
+            .store(t.kernel.ring_buffer_full, Relaxed);
+        m.kernel_user_stack_failed
+            .store(t.kernel.user_stack_failed, Relaxed);
+        m.kernel_kernel_stack_failed
+            .store(t.kernel.kernel_stack_failed, Relaxed);
+        m.kernel_user_stack_truncated
+            .store(t.kernel.user_stack_truncated, Relaxed);
+        m.samples_received.store(t.samples, Relaxed);
+        m.symbolize_objects_failed.store(t.objects_failed, Relaxed);
+        m.symbolize_user_unresolved
+            .store(t.user_unresolved, Relaxed);
+        m.symbolize_kernel_unresolved
+            .store(t.kernel_unresolved, Relaxed);
+        if let Some(recorder) = &self.recorder {
+            let processes = &recorder.recording().processes;
+            m.processes_tracked.store(processes.len() as u64, Relaxed);
+            m.objects_open
+                .store(processes.object_count() as u64, Relaxed);
+        }
+        m.metadata_cache_entries
+            .store(self.meta.len() as u64, Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        m.heartbeat_unix.store(now, Relaxed);
+    }
+
+    /// SIGTERM: stop sampling, deliver the last (partial) window to every
+    /// exporter within the grace period.
+    fn shutdown(mut self) -> Result<RunSummary, RunError> {
+        let deadline = Instant::now() + self.config.grace_period;
+        self.metrics.shutting_down.store(true, Relaxed);
+        tracing::info!(
+            grace_period = %humantime::format_duration(self.config.grace_period),
+            "stopping: delivering the last window"
+        );
+        let mut recording = self.finish_recorder();
+        self.update_metrics();
+        self.merge(std::mem::take(&mut recording.stacks));
+        self.export_window(&mut Symbols::Finished(&mut recording));
+        for pull in self.pulls.drain(..) {
+            let _ = pull
+                .reply
+                .send(Err("the agent is shutting down".to_string()));
+        }
+        self.metrics.ready.store(false, Relaxed);
+        for exporter in &self.exporters {
+            exporter.close(deadline);
+        }
+        for exporter in std::mem::take(&mut self.exporters) {
+            let name = exporter.stats().name.clone();
+            if !exporter.wait(deadline) {
+                tracing::warn!(exporter = %name, "grace period over before the last window was delivered");
+                self.summary.exporters_unfinished += 1;
+            }
+        }
+        self.server.take();
+        Ok(self.summary)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn export_window(
+    symbols: &mut Symbols<'_>,
+    meta: &mut MetadataCache,
+    window: &mut Accumulator,
+    node: &str,
+    config: &Config,
+    exporters: &[ExporterHandle],
+    metrics: &Metrics,
+    summary: &mut RunSummary,
+) {
+    let accumulator = std::mem::replace(window, Accumulator::new());
+    let ended = SystemTime::now();
+    let profile_window = ProfileWindow {
+        started: accumulator.started,
+        elapsed: ended
+            .duration_since(accumulator.started)
+            .unwrap_or_default(),
+        frequency_hz: config.frequency_hz,
+    };
+    let mut groups: HashMap<String, HashMap<StackKey, u64>> = HashMap::new();
+    for (key, count) in accumulator.stacks {
+        let service = meta.get(key.pid).service.clone();
+        groups.entry(service).or_default().insert(key, count);
+    }
+    let mut services: Vec<String> = groups.keys().cloned().collect();
+    services.sort();
+    let mut profiles = Vec::with_capacity(services.len());
+    for service in services {
+        let stacks = groups.remove(&service).unwrap_or_default();
+        let pids: Vec<u32> = stacks.keys().map(|k| k.pid).collect();
+        metrics
+            .stacks_unwound
+            .fetch_add(stacks.len() as u64, Relaxed);
+        let window = Window {
+            stacks,
+            profile: profile_window,
+        };
+        let started = Instant::now();
+        let mut profile = symbols.profile(&window);
+        // Symbolizing a service seen for the first time can take a while:
+        // keep draining the ring buffer between services so it does not
+        // overflow meanwhile (those samples go to the next window).
+        symbols.poll();
+        tracing::debug!(service = %service, stacks = window.stacks.len(), elapsed_ms = started.elapsed().as_millis() as u64, "profile built");
+        meta.label(&mut profile, node);
+        let pprof = match crate::profile::pprof::encode_gzip(&profile) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::warn!(service = %service, "encoding a profile failed: {error}");
+                continue;
+            }
+        };
+        let mut labels = vec![
+            ("service_name".to_string(), service.clone()),
+            ("node".to_string(), node.to_string()),
+        ];
+        // A service that is exactly one container gets it as a series label.
+        let containers: Vec<_> = pids
+            .iter()
+            .map(|&pid| meta.get(pid).container.clone())
+            .collect();
+        if let Some(Some(first)) = containers.first()
+            && containers.iter().all(|c| c.as_ref() == Some(first))
+        {
+            labels.push(("container_id".into(), first.id.clone()));
+            if let Some(uid) = &first.pod_uid {
+                labels.push(("pod_uid".into(), uid.clone()));
+            }
+        }
+        profiles.push(ServiceProfile {
+            service,
+            labels,
+            pprof: Arc::new(pprof),
+        });
+    }
+    metrics.windows.fetch_add(1, Relaxed);
+    metrics
+        .profiles_built
+        .fetch_add(profiles.len() as u64, Relaxed);
+    summary.windows += 1;
+    summary.profiles += profiles.len() as u64;
+    tracing::debug!(profiles = profiles.len(), "window done");
+    let batch = Arc::new(Batch {
+        started: accumulator.started,
+        ended,
+        profiles,
+    });
+    for exporter in exporters {
+        exporter.push(batch.clone());
+    }
+}
+
+/// One pull's profile, every service together (filters applied on merge).
+fn pull_profile(
+    symbols: &mut Symbols<'_>,
+    meta: &mut MetadataCache,
+    node: &str,
+    accumulator: Accumulator,
+    frequency_hz: u64,
+) -> Result<Vec<u8>, String> {
+    let window = Window {
+        profile: ProfileWindow {
+            started: accumulator.started,
+            elapsed: SystemTime::now()
+                .duration_since(accumulator.started)
+                .unwrap_or_default(),
+            frequency_hz,
+        },
+        stacks: accumulator.stacks,
+    };
+    let mut profile = symbols.profile(&window);
+    meta.label(&mut profile, node);
+    crate::profile::pprof::encode_gzip(&profile).map_err(|e| format!("encoding the profile: {e}"))
+}
+
+fn start_exporters(config: &Config, metrics: &Metrics) -> Result<Vec<ExporterHandle>, RunError> {
+    let mut exporters = Vec::new();
+    let spawn_error = |name: &'static str| {
+        move |e: std::io::Error| RunError::Exporter {
+            name,
+            message: e.to_string(),
+        }
+    };
+    let d = &config.directory;
+    if !d.path.as_os_str().is_empty() {
+        let exporter = DirectoryExporter::new(&d.path, d.max_files, d.max_bytes)
+            .map_err(spawn_error("directory"))?;
+        // A local disk either works or needs a human: one attempt.
+        exporters.push(
+            ExporterHandle::spawn(exporter, d.queue_size, 1, metrics)
+                .map_err(spawn_error("directory"))?,
+        );
+    }
+    let p = &config.pyroscope;
+    if !p.url.is_empty() {
+        let exporter = PyroscopeExporter::new(p).map_err(|e| RunError::Exporter {
+            name: "pyroscope",
+            message: e.to_string(),
+        })?;
+        exporters.push(
+            ExporterHandle::spawn(exporter, p.queue_size, p.max_attempts, metrics)
+                .map_err(spawn_error("pyroscope"))?,
+        );
+    }
+    Ok(exporters)
+}

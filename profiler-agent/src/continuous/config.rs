@@ -1,0 +1,472 @@
+//! The configuration of `profiler-agent run`: a TOML file, every key of
+//! which a flag or a `PROFILER_AGENT_<KEY>` environment variable overrides
+//! (the CLI maps both onto [`Overrides`]). Keys of a section are flattened
+//! with an underscore: `[pyroscope] url` is `--pyroscope-url` and
+//! `PROFILER_AGENT_PYROSCOPE_URL`.
+//!
+//! `deploy/config.example.toml` documents every key; a unit test parses it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading the config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "config file {path}: {message} (see deploy/config.example.toml for every key and its format)"
+    )]
+    Parse { path: PathBuf, message: String },
+    #[error("{key}: {message}")]
+    Invalid { key: &'static str, message: String },
+}
+
+/// The whole configuration, defaults filled in.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Samples per second on each CPU.
+    pub frequency_hz: u64,
+    /// Length of one window: each window becomes one profile per service.
+    #[serde(with = "humantime_serde_compat")]
+    pub window: Duration,
+    /// Processes to profile; empty profiles the whole node.
+    pub pids: Vec<u32>,
+    /// The `node` label; empty means `$NODE_NAME`, else the hostname.
+    pub node: String,
+    /// Address of the pull endpoints (`/debug/pprof/profile`, `/metrics`,
+    /// `/healthz`, `/readyz`); empty or "off" disables them.
+    pub listen: String,
+    /// Longest `seconds=` a pull may ask for.
+    pub max_pull_seconds: u64,
+    /// After SIGTERM: how long to deliver the last window.
+    #[serde(with = "humantime_serde_compat")]
+    pub grace_period: Duration,
+    /// `text` or `json`.
+    pub log_format: LogFormat,
+    /// Walk user stacks with frame pointers only (no Go unwind tables).
+    pub frame_pointers_only: bool,
+    /// Above this many tracked processes (or `max_objects` open object
+    /// files), the sampler is restarted at the next window boundary so
+    /// every cache starts empty again: a bound on memory.
+    pub max_processes: usize,
+    pub max_objects: usize,
+    pub directory: DirectoryConfig,
+    pub pyroscope: PyroscopeConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("{s:?} is not a log format: use text or json")),
+        }
+    }
+}
+
+/// Writes each window's profiles as files, oldest deleted first.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DirectoryConfig {
+    /// Where to write; empty disables this exporter.
+    pub path: PathBuf,
+    /// Keep at most this many profile files...
+    pub max_files: usize,
+    /// ...and at most this many bytes of them.
+    pub max_bytes: u64,
+    /// Windows waiting to be written before the oldest is dropped.
+    pub queue_size: usize,
+}
+
+/// Pushes each window to Pyroscope (`POST /push.v1.PusherService/Push`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PyroscopeConfig {
+    /// Base URL, e.g. `http://pyroscope.monitoring:4040`; empty disables.
+    pub url: String,
+    #[serde(flatten)]
+    pub http: HttpConfig,
+    pub queue_size: usize,
+    /// Attempts per window before it is dropped.
+    pub max_attempts: u32,
+}
+
+/// How a push exporter talks HTTP.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Sent as `X-Scope-OrgID` (multi-tenant Pyroscope, Grafana Cloud).
+    pub tenant_id: String,
+    pub basic_auth_username: String,
+    pub basic_auth_password: String,
+    /// Sent as `Authorization: Bearer ...`.
+    pub bearer_token: String,
+    /// PEM file of CA certificates to trust instead of the Mozilla roots.
+    pub ca_file: PathBuf,
+    /// Per request, connect to last byte.
+    #[serde(with = "humantime_serde_compat")]
+    pub timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            frequency_hz: 100,
+            window: Duration::from_secs(15),
+            pids: Vec::new(),
+            node: String::new(),
+            listen: "127.0.0.1:6060".into(),
+            max_pull_seconds: 300,
+            grace_period: Duration::from_secs(10),
+            log_format: LogFormat::Text,
+            frame_pointers_only: false,
+            max_processes: 4096,
+            max_objects: 4096,
+            directory: DirectoryConfig::default(),
+            pyroscope: PyroscopeConfig::default(),
+        }
+    }
+}
+
+impl Default for DirectoryConfig {
+    fn default() -> Self {
+        DirectoryConfig {
+            path: PathBuf::new(),
+            max_files: 1000,
+            max_bytes: 256 << 20,
+            queue_size: 8,
+        }
+    }
+}
+
+impl Default for PyroscopeConfig {
+    fn default() -> Self {
+        PyroscopeConfig {
+            url: String::new(),
+            http: HttpConfig::default(),
+            queue_size: 8,
+            max_attempts: 5,
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            tenant_id: String::new(),
+            basic_auth_username: String::new(),
+            basic_auth_password: String::new(),
+            bearer_token: String::new(),
+            ca_file: PathBuf::new(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Values given by flag or environment variable; each one set replaces the
+/// file's.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub frequency_hz: Option<u64>,
+    pub window: Option<Duration>,
+    pub pids: Option<Vec<u32>>,
+    pub node: Option<String>,
+    pub listen: Option<String>,
+    pub max_pull_seconds: Option<u64>,
+    pub grace_period: Option<Duration>,
+    pub log_format: Option<LogFormat>,
+    pub frame_pointers_only: Option<bool>,
+    pub max_processes: Option<usize>,
+    pub max_objects: Option<usize>,
+    pub directory_path: Option<PathBuf>,
+    pub directory_max_files: Option<usize>,
+    pub directory_max_bytes: Option<u64>,
+    pub directory_queue_size: Option<usize>,
+    pub pyroscope_url: Option<String>,
+    pub pyroscope_tenant_id: Option<String>,
+    pub pyroscope_basic_auth_username: Option<String>,
+    pub pyroscope_basic_auth_password: Option<String>,
+    pub pyroscope_bearer_token: Option<String>,
+    pub pyroscope_ca_file: Option<PathBuf>,
+    pub pyroscope_timeout: Option<Duration>,
+    pub pyroscope_queue_size: Option<usize>,
+    pub pyroscope_max_attempts: Option<u32>,
+}
+
+impl Config {
+    /// Parses a TOML document.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })
+    }
+
+    /// The file at `path` (or the defaults without one), then the
+    /// overrides, then validation.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let mut config = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                Config::from_toml(&text, path)?
+            }
+            None => Config::default(),
+        };
+        config.apply(overrides);
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn apply(&mut self, o: &Overrides) {
+        fn set<T: Clone>(slot: &mut T, value: &Option<T>) {
+            if let Some(value) = value {
+                *slot = value.clone();
+            }
+        }
+        set(&mut self.frequency_hz, &o.frequency_hz);
+        set(&mut self.window, &o.window);
+        set(&mut self.pids, &o.pids);
+        set(&mut self.node, &o.node);
+        set(&mut self.listen, &o.listen);
+        set(&mut self.max_pull_seconds, &o.max_pull_seconds);
+        set(&mut self.grace_period, &o.grace_period);
+        set(&mut self.log_format, &o.log_format);
+        set(&mut self.frame_pointers_only, &o.frame_pointers_only);
+        set(&mut self.max_processes, &o.max_processes);
+        set(&mut self.max_objects, &o.max_objects);
+        let d = &mut self.directory;
+        set(&mut d.path, &o.directory_path);
+        set(&mut d.max_files, &o.directory_max_files);
+        set(&mut d.max_bytes, &o.directory_max_bytes);
+        set(&mut d.queue_size, &o.directory_queue_size);
+        let p = &mut self.pyroscope;
+        set(&mut p.url, &o.pyroscope_url);
+        set(&mut p.http.tenant_id, &o.pyroscope_tenant_id);
+        set(
+            &mut p.http.basic_auth_username,
+            &o.pyroscope_basic_auth_username,
+        );
+        set(
+            &mut p.http.basic_auth_password,
+            &o.pyroscope_basic_auth_password,
+        );
+        set(&mut p.http.bearer_token, &o.pyroscope_bearer_token);
+        set(&mut p.http.ca_file, &o.pyroscope_ca_file);
+        set(&mut p.http.timeout, &o.pyroscope_timeout);
+        set(&mut p.queue_size, &o.pyroscope_queue_size);
+        set(&mut p.max_attempts, &o.pyroscope_max_attempts);
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key, message: &str| {
+            Err(ConfigError::Invalid {
+                key,
+                message: message.to_string(),
+            })
+        };
+        if !(1..=10_000).contains(&self.frequency_hz) {
+            return invalid("frequency_hz", "must be between 1 and 10000");
+        }
+        if self.window < Duration::from_secs(1) {
+            return invalid("window", "must be at least 1s");
+        }
+        if self.listen_addr().is_err() {
+            return invalid(
+                "listen",
+                "must be HOST:PORT (e.g. 127.0.0.1:6060, 0.0.0.0:6060), or \"off\"",
+            );
+        }
+        if self.max_pull_seconds == 0 {
+            return invalid("max_pull_seconds", "must be at least 1");
+        }
+        if self.directory.queue_size == 0 || self.pyroscope.queue_size == 0 {
+            return invalid("queue_size", "must be at least 1");
+        }
+        if self.directory.max_files == 0 {
+            return invalid("directory.max_files", "must be at least 1");
+        }
+        let p = &self.pyroscope;
+        let scheme_ok = p.url.starts_with("http://") || p.url.starts_with("https://");
+        if !p.url.is_empty() && !scheme_ok {
+            return invalid("pyroscope.url", "must start with http:// or https://");
+        }
+        if !p.http.bearer_token.is_empty() && !p.http.basic_auth_username.is_empty() {
+            return invalid(
+                "pyroscope",
+                "set bearer_token or basic_auth_username/password, not both",
+            );
+        }
+        if p.max_attempts == 0 {
+            return invalid("pyroscope.max_attempts", "must be at least 1");
+        }
+        Ok(())
+    }
+
+    /// The listen address; None when the endpoints are off.
+    pub fn listen_addr(&self) -> Result<Option<SocketAddr>, std::net::AddrParseError> {
+        match self.listen.trim() {
+            "" | "off" => Ok(None),
+            addr => addr.parse().map(Some),
+        }
+    }
+
+    /// The `node` label: the configured name, `$NODE_NAME` (the Downward
+    /// API in the DaemonSet), else the hostname.
+    pub fn node_name(&self) -> String {
+        if !self.node.is_empty() {
+            return self.node.clone();
+        }
+        if let Ok(name) = std::env::var("NODE_NAME")
+            && !name.is_empty()
+        {
+            return name;
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "unknown".into())
+    }
+}
+
+/// Durations in the file are humantime strings ("15s", "500ms", "2m").
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text).map_err(|e| {
+            serde::de::Error::custom(format!("{text:?} is not a duration like 15s or 500ms: {e}"))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn example_path() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config.example.toml")
+    }
+
+    #[test]
+    fn the_example_config_parses_and_is_valid() {
+        let text = std::fs::read_to_string(example_path()).expect("deploy/config.example.toml");
+        let config = Config::from_toml(&text, &example_path()).unwrap();
+        config.validate().unwrap();
+        assert_eq!(config.frequency_hz, 100);
+        assert_eq!(config.window, Duration::from_secs(15));
+        assert!(!config.directory.path.as_os_str().is_empty());
+    }
+
+    #[test]
+    fn the_example_config_sets_every_key() {
+        // Documented "key by key": every key of the model appears in the
+        // example, so a new key cannot be added without documenting it.
+        let text = std::fs::read_to_string(example_path()).unwrap();
+        let value: toml::Table = toml::from_str(&text).unwrap();
+        let top = [
+            "frequency_hz",
+            "window",
+            "pids",
+            "node",
+            "listen",
+            "max_pull_seconds",
+            "grace_period",
+            "log_format",
+            "frame_pointers_only",
+            "max_processes",
+            "max_objects",
+        ];
+        for key in top {
+            assert!(
+                text.contains(&format!("{key} =")),
+                "{key} is not documented"
+            );
+        }
+        for key in ["path", "max_files", "max_bytes", "queue_size"] {
+            assert!(
+                text.contains(&format!("{key} =")),
+                "directory.{key} is not documented"
+            );
+        }
+        for key in [
+            "url",
+            "tenant_id",
+            "basic_auth_username",
+            "basic_auth_password",
+            "bearer_token",
+            "ca_file",
+            "timeout",
+            "max_attempts",
+        ] {
+            assert!(
+                text.contains(&format!("{key} =")),
+                "pyroscope.{key} is not documented"
+            );
+        }
+        assert!(value.contains_key("directory"));
+    }
+
+    #[test]
+    fn overrides_replace_file_values() {
+        let mut config = Config::from_toml(
+            "window = \"30s\"\n[directory]\npath = \"/a\"\n",
+            Path::new("x.toml"),
+        )
+        .unwrap();
+        config.apply(&Overrides {
+            window: Some(Duration::from_secs(5)),
+            directory_path: Some("/b".into()),
+            pyroscope_url: Some("http://127.0.0.1:4040".into()),
+            ..Overrides::default()
+        });
+        assert_eq!(config.window, Duration::from_secs(5));
+        assert_eq!(config.directory.path, PathBuf::from("/b"));
+        assert_eq!(config.pyroscope.url, "http://127.0.0.1:4040");
+        config.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let error = Config::from_toml("windw = \"1s\"", Path::new("c.toml")).unwrap_err();
+        assert!(error.to_string().contains("windw"), "{error}");
+        let error = Config::from_toml("window = \"soon\"", Path::new("c.toml")).unwrap_err();
+        assert!(error.to_string().contains("soon"), "{error}");
+        let config = Config {
+            listen: "localhost".into(),
+            ..Config::default()
+        };
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .contains("listen")
+        );
+        let config = Config {
+            listen: "off".into(),
+            ..Config::default()
+        };
+        assert_eq!(config.listen_addr().unwrap(), None);
+    }
+}

@@ -1,0 +1,174 @@
+//! What the agent knows about each sampled process beyond its stacks: the
+//! service it belongs to and its container. Read from /proc once per
+//! process, forgotten when the process has exited and its last window is
+//! out.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::process::{ContainerInfo, container_of};
+use crate::profile::Profile;
+
+/// One process's labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessMeta {
+    /// The `service_name` label: the executable's file name (no Kubernetes
+    /// metadata yet), `kernel` for kernel threads.
+    pub service: String,
+    pub container: Option<ContainerInfo>,
+}
+
+/// Per-pid metadata, read on first sight.
+pub struct MetadataCache {
+    proc_root: PathBuf,
+    entries: HashMap<u32, ProcessMeta>,
+}
+
+impl Default for MetadataCache {
+    fn default() -> Self {
+        MetadataCache::new("/proc")
+    }
+}
+
+impl MetadataCache {
+    pub fn new(proc_root: impl Into<PathBuf>) -> Self {
+        MetadataCache {
+            proc_root: proc_root.into(),
+            entries: HashMap::new(),
+        }
+    }
+
+    pub fn get(&mut self, pid: u32) -> &ProcessMeta {
+        let root = &self.proc_root;
+        self.entries.entry(pid).or_insert_with(|| ProcessMeta {
+            service: service_name(root, pid),
+            container: container_of(root, pid),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Forgets processes that no longer exist; returns how many.
+    pub fn evict_exited(&mut self) -> usize {
+        let before = self.entries.len();
+        let root = &self.proc_root;
+        self.entries
+            .retain(|pid, _| root.join(pid.to_string()).join("stat").exists());
+        before - self.entries.len()
+    }
+
+    /// Adds `service_name`, `node`, `container_id` and `pod_uid` (when
+    /// known) to every sample, next to the `pid`, `comm`, `tid` and
+    /// `thread` labels it has, so `go tool pprof -tagfocus` and backends
+    /// can slice by them.
+    pub fn label(&mut self, profile: &mut Profile, node: &str) {
+        for sample in &mut profile.samples {
+            let Some(pid) = sample.label("pid").and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
+            let meta = self.get(pid).clone();
+            sample.labels.push(("service_name".into(), meta.service));
+            sample.labels.push(("node".into(), node.to_string()));
+            if let Some(container) = meta.container {
+                sample.labels.push(("container_id".into(), container.id));
+                if let Some(uid) = container.pod_uid {
+                    sample.labels.push(("pod_uid".into(), uid));
+                }
+            }
+        }
+    }
+}
+
+/// The executable's file name (from `/proc/PID/exe`, as seen in the
+/// process's own mount namespace), else `comm`; `kernel` for kernel
+/// threads, which have neither an executable nor a command line, so that
+/// hundreds of kworkers make one group, not hundreds.
+pub fn service_name(proc_root: &Path, pid: u32) -> String {
+    let dir = proc_root.join(pid.to_string());
+    if let Ok(exe) = std::fs::read_link(dir.join("exe")) {
+        let exe = exe.to_string_lossy();
+        let exe = exe.trim_end_matches(" (deleted)");
+        if let Some(name) = exe.rsplit('/').next().filter(|n| !n.is_empty()) {
+            return name.to_string();
+        }
+    }
+    let cmdline_empty = std::fs::read(dir.join("cmdline")).is_ok_and(|c| c.is_empty());
+    let comm = std::fs::read_to_string(dir.join("comm"))
+        .map(|c| c.trim_end().to_string())
+        .unwrap_or_default();
+    if cmdline_empty && pid != 1 {
+        return "kernel".into();
+    }
+    if comm.is_empty() {
+        "unknown".into()
+    } else {
+        comm
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Sample;
+
+    fn fake_proc() -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        let p = |pid: u32| root.path().join(pid.to_string());
+        // 10: a containerized nginx (exe link), 11: a kernel thread,
+        // 12: a process whose exe cannot be read.
+        std::fs::create_dir_all(p(10)).unwrap();
+        std::os::unix::fs::symlink("/usr/sbin/nginx (deleted)", p(10).join("exe")).unwrap();
+        std::fs::write(p(10).join("stat"), "10 (nginx) S").unwrap();
+        std::fs::write(
+            p(10).join("cgroup"),
+            format!("0::/system.slice/docker-{}.scope\n", "ab".repeat(32)),
+        )
+        .unwrap();
+        std::fs::create_dir_all(p(11)).unwrap();
+        std::fs::write(p(11).join("cmdline"), "").unwrap();
+        std::fs::write(p(11).join("comm"), "kworker/0:1\n").unwrap();
+        std::fs::create_dir_all(p(12)).unwrap();
+        std::fs::write(p(12).join("cmdline"), "app\0").unwrap();
+        std::fs::write(p(12).join("comm"), "app\n").unwrap();
+        root
+    }
+
+    #[test]
+    fn service_names() {
+        let root = fake_proc();
+        assert_eq!(service_name(root.path(), 10), "nginx");
+        assert_eq!(service_name(root.path(), 11), "kernel");
+        assert_eq!(service_name(root.path(), 12), "app");
+        assert_eq!(service_name(root.path(), 99), "unknown");
+    }
+
+    #[test]
+    fn labels_and_eviction() {
+        let root = fake_proc();
+        let mut cache = MetadataCache::new(root.path());
+        let mut profile = Profile {
+            samples: vec![Sample {
+                labels: vec![("pid".into(), "10".into())],
+                ..Sample::default()
+            }],
+            ..Profile::default()
+        };
+        cache.label(&mut profile, "node-1");
+        let sample = &profile.samples[0];
+        assert_eq!(sample.label("service_name"), Some("nginx"));
+        assert_eq!(sample.label("node"), Some("node-1"));
+        assert_eq!(sample.label("container_id"), Some("ab".repeat(32).as_str()));
+        assert_eq!(sample.label("pod_uid"), None);
+        cache.get(11);
+        assert_eq!(cache.len(), 2);
+        // Only pid 10 has a stat file: 11 counts as exited.
+        assert_eq!(cache.evict_exited(), 1);
+        assert_eq!(cache.len(), 1);
+    }
+}

@@ -1,0 +1,17 @@
+//! Continuous profiling (`profiler-agent run`): the whole node (or a pid
+//! selection) sampled without end, cut into windows, one labelled pprof per
+//! service per window handed to the exporters (`crate::export`), pulls
+//! served on `/debug/pprof/profile`, health on `/metrics`.
+//!
+//! - `config`: the TOML file and its flag / environment overrides;
+//! - `agent`: the run loop (windows, pulls, shutdown);
+//! - `metadata`: service name and container of each process;
+//! - `kernel_counters`: the sampler's kernel counters, read live.
+
+pub mod agent;
+pub mod config;
+pub mod kernel_counters;
+pub mod metadata;
+
+pub use agent::{Agent, RunError, RunSummary};
+pub use config::{Config, ConfigError, LogFormat, Overrides};

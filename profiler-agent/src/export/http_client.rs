@@ -1,0 +1,166 @@
+//! The blocking HTTP client push exporters share: rustls, a custom CA when
+//! configured, basic or bearer auth, `X-Scope-OrgID`, one timeout per
+//! request. Each exporter owns one on its own thread.
+
+use std::time::Duration;
+
+use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
+
+use super::ExportError;
+use crate::continuous::config::HttpConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("reading the CA file {path}: {source}")]
+    ReadCa {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the CA file {path} holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)")]
+    NoCertificate { path: std::path::PathBuf },
+}
+
+pub struct HttpClient {
+    agent: ureq::Agent,
+    headers: Vec<(String, String)>,
+}
+
+impl HttpClient {
+    pub fn new(config: &HttpConfig) -> Result<HttpClient, ClientError> {
+        let mut tls = TlsConfig::builder();
+        if !config.ca_file.as_os_str().is_empty() {
+            let pem = std::fs::read(&config.ca_file).map_err(|source| ClientError::ReadCa {
+                path: config.ca_file.clone(),
+                source,
+            })?;
+            let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(PemItem::Certificate(cert)) => Some(cert),
+                    _ => None,
+                })
+                .collect();
+            if certs.is_empty() {
+                return Err(ClientError::NoCertificate {
+                    path: config.ca_file.clone(),
+                });
+            }
+            tls = tls.root_certs(RootCerts::new_with_certs(&certs));
+        }
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(config.timeout.max(Duration::from_millis(1))))
+            .http_status_as_error(false)
+            .tls_config(tls.build())
+            .build()
+            .into();
+        let mut headers = Vec::new();
+        if !config.tenant_id.is_empty() {
+            headers.push(("X-Scope-OrgID".into(), config.tenant_id.clone()));
+        }
+        if !config.bearer_token.is_empty() {
+            headers.push((
+                "Authorization".into(),
+                format!("Bearer {}", config.bearer_token),
+            ));
+        } else if !config.basic_auth_username.is_empty() {
+            let credentials = format!(
+                "{}:{}",
+                config.basic_auth_username, config.basic_auth_password
+            );
+            headers.push((
+                "Authorization".into(),
+                format!("Basic {}", base64(credentials.as_bytes())),
+            ));
+        }
+        Ok(HttpClient { agent, headers })
+    }
+
+    /// POSTs `body`; any 2xx is success, anything else an error carrying
+    /// the start of the answer (backends explain themselves there).
+    pub fn post(
+        &self,
+        url: &str,
+        content_type: &str,
+        extra: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), ExportError> {
+        let mut request = self.agent.post(url).header("Content-Type", content_type);
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        for (name, value) in extra {
+            request = request.header(*name, *value);
+        }
+        let mut response = request.send(body).map_err(|e| ExportError::Http {
+            url: url.to_string(),
+            message: e.to_string(),
+        })?;
+        let status = response.status().as_u16();
+        if (200..300).contains(&status) {
+            return Ok(());
+        }
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(1024)
+            .read_to_string()
+            .unwrap_or_default();
+        Err(ExportError::Status {
+            url: url.to_string(),
+            status,
+            body,
+        })
+    }
+}
+
+/// Standard base64 with padding (RFC 4648), for basic auth.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = (u32::from(chunk[0]) << 16)
+            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*chunk.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc4648_vectors() {
+        for (input, expected) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+            ("user:pass", "dXNlcjpwYXNz"),
+        ] {
+            assert_eq!(base64(input.as_bytes()), expected, "{input}");
+        }
+    }
+
+    #[test]
+    fn a_ca_file_without_certificates_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ca.pem");
+        std::fs::write(&path, "not a certificate").unwrap();
+        let config = HttpConfig {
+            ca_file: path,
+            ..HttpConfig::default()
+        };
+        let error = HttpClient::new(&config).err().unwrap();
+        assert!(error.to_string().contains("no PEM certificate"), "{error}");
+    }
+}

@@ -1,0 +1,343 @@
+//! The agent's own health, rendered as Prometheus text (format 0.0.4) on
+//! `/metrics`. The run loop and the exporter threads update atomics; a
+//! scrape only reads them.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+/// Upper bounds (seconds) of the export latency histogram.
+const LATENCY_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+
+/// Counters and gauges of the run loop. Kernel counters are totals since
+/// the agent started (carried over sampler restarts).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub kernel_fired: AtomicU64,
+    pub kernel_idle: AtomicU64,
+    pub kernel_sent: AtomicU64,
+    pub kernel_ring_buffer_full: AtomicU64,
+    pub kernel_user_stack_failed: AtomicU64,
+    pub kernel_kernel_stack_failed: AtomicU64,
+    pub kernel_user_stack_truncated: AtomicU64,
+    /// Samples user space received and aggregated.
+    pub samples_received: AtomicU64,
+    /// Stacks (distinct per window) unwound into profiles.
+    pub stacks_unwound: AtomicU64,
+    pub windows: AtomicU64,
+    pub profiles_built: AtomicU64,
+    pub symbolize_objects_failed: AtomicU64,
+    pub symbolize_user_unresolved: AtomicU64,
+    pub symbolize_kernel_unresolved: AtomicU64,
+    pub processes_tracked: AtomicU64,
+    pub objects_open: AtomicU64,
+    pub metadata_cache_entries: AtomicU64,
+    pub sampler_restarts: AtomicU64,
+    pub pulls_served: AtomicU64,
+    pub pulls_rejected: AtomicU64,
+    /// Unix seconds of the run loop's last turn (liveness).
+    pub heartbeat_unix: AtomicU64,
+    pub ready: AtomicBool,
+    pub shutting_down: AtomicBool,
+    exporters: Mutex<Vec<Arc<ExporterStats>>>,
+}
+
+/// One exporter's counters.
+#[derive(Debug, Default)]
+pub struct ExporterStats {
+    pub name: String,
+    pub successes: AtomicU64,
+    pub failures: AtomicU64,
+    /// Windows dropped: queue full (oldest dropped) or out of attempts.
+    pub dropped: AtomicU64,
+    pub queued: AtomicU64,
+    pub up: AtomicBool,
+    latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
+    latency_count: AtomicU64,
+    latency_sum_micros: AtomicU64,
+}
+
+impl ExporterStats {
+    pub fn new(name: &str) -> Self {
+        ExporterStats {
+            name: name.to_string(),
+            up: AtomicBool::new(true),
+            ..ExporterStats::default()
+        }
+    }
+
+    /// Records the duration of one export attempt.
+    pub fn observe_latency(&self, seconds: f64) {
+        for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&self.latency_buckets) {
+            if seconds <= *bound {
+                bucket.fetch_add(1, Relaxed);
+            }
+        }
+        self.latency_count.fetch_add(1, Relaxed);
+        self.latency_sum_micros
+            .fetch_add((seconds * 1e6) as u64, Relaxed);
+    }
+}
+
+impl Metrics {
+    pub fn register_exporter(&self, stats: Arc<ExporterStats>) {
+        self.exporters.lock().unwrap().push(stats);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let l = |a: &AtomicU64| a.load(Relaxed);
+        let counters: [(&str, &str, u64); 20] = [
+            (
+                "profiler_agent_kernel_samples_total",
+                "Perf events that fired (samples taken by the kernel, idle included).",
+                l(&self.kernel_fired),
+            ),
+            (
+                "profiler_agent_kernel_samples_idle_total",
+                "Samples of the idle task (not recorded).",
+                l(&self.kernel_idle),
+            ),
+            (
+                "profiler_agent_kernel_samples_sent_total",
+                "Samples the kernel wrote to the ring buffer.",
+                l(&self.kernel_sent),
+            ),
+            (
+                "profiler_agent_kernel_samples_dropped_total",
+                "Samples lost because the ring buffer was full.",
+                l(&self.kernel_ring_buffer_full),
+            ),
+            (
+                "profiler_agent_kernel_user_stack_failed_total",
+                "User stack walks cut short by a failed memory read.",
+                l(&self.kernel_user_stack_failed),
+            ),
+            (
+                "profiler_agent_kernel_kernel_stack_failed_total",
+                "Kernel stack walks that failed.",
+                l(&self.kernel_kernel_stack_failed),
+            ),
+            (
+                "profiler_agent_stacks_truncated_total",
+                "User stacks cut at the frame limit.",
+                l(&self.kernel_user_stack_truncated),
+            ),
+            (
+                "profiler_agent_samples_received_total",
+                "Samples received and aggregated by user space.",
+                l(&self.samples_received),
+            ),
+            (
+                "profiler_agent_stacks_unwound_total",
+                "Distinct stacks (per window) unwound and symbolized into profiles.",
+                l(&self.stacks_unwound),
+            ),
+            (
+                "profiler_agent_windows_total",
+                "Windows completed.",
+                l(&self.windows),
+            ),
+            (
+                "profiler_agent_profiles_total",
+                "Profiles built (one per service per window).",
+                l(&self.profiles_built),
+            ),
+            (
+                "profiler_agent_symbolize_objects_failed_total",
+                "Object files that could not be read or parsed.",
+                l(&self.symbolize_objects_failed),
+            ),
+            (
+                "profiler_agent_symbolize_user_unresolved_total",
+                "User addresses left unnamed.",
+                l(&self.symbolize_user_unresolved),
+            ),
+            (
+                "profiler_agent_symbolize_kernel_unresolved_total",
+                "Kernel addresses left unnamed.",
+                l(&self.symbolize_kernel_unresolved),
+            ),
+            (
+                "profiler_agent_sampler_restarts_total",
+                "Sampler restarts to bound memory (max_processes, max_objects).",
+                l(&self.sampler_restarts),
+            ),
+            (
+                "profiler_agent_pulls_total",
+                "Profiles served on /debug/pprof/profile.",
+                l(&self.pulls_served),
+            ),
+            (
+                "profiler_agent_pulls_rejected_total",
+                "Pulls refused (bad parameters, too many at once, shutting down).",
+                l(&self.pulls_rejected),
+            ),
+            (
+                "profiler_agent_process_cache_entries",
+                "Processes tracked by the sampler (maps and open objects).",
+                l(&self.processes_tracked),
+            ),
+            (
+                "profiler_agent_object_cache_entries",
+                "Object files held open for symbolization.",
+                l(&self.objects_open),
+            ),
+            (
+                "profiler_agent_metadata_cache_entries",
+                "Processes with cached service and container metadata.",
+                l(&self.metadata_cache_entries),
+            ),
+        ];
+        for (name, help, value) in counters {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP profiler_agent_resident_memory_bytes Resident set size of the agent.\n\
+             # TYPE profiler_agent_resident_memory_bytes gauge\n\
+             profiler_agent_resident_memory_bytes {}",
+            resident_bytes().unwrap_or(0)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP profiler_agent_ready Whether sampling runs (1) or not yet / no longer (0).\n\
+             # TYPE profiler_agent_ready gauge\nprofiler_agent_ready {}",
+            u8::from(self.ready.load(Relaxed))
+        );
+        self.render_exporters(&mut out);
+        out
+    }
+
+    fn render_exporters(&self, out: &mut String) {
+        let exporters = self.exporters.lock().unwrap();
+        type Family = (&'static str, &'static str, fn(&ExporterStats) -> u64);
+        let families: [Family; 5] = [
+            (
+                "profiler_agent_export_success_total",
+                "Windows delivered.",
+                |s| s.successes.load(Relaxed),
+            ),
+            (
+                "profiler_agent_export_failures_total",
+                "Failed export attempts (each retry counts).",
+                |s| s.failures.load(Relaxed),
+            ),
+            (
+                "profiler_agent_export_dropped_total",
+                "Windows dropped: queue full (oldest first) or out of attempts.",
+                |s| s.dropped.load(Relaxed),
+            ),
+            (
+                "profiler_agent_export_queue_length",
+                "Windows waiting in the exporter's queue.",
+                |s| s.queued.load(Relaxed),
+            ),
+            (
+                "profiler_agent_export_up",
+                "1 while the last attempt succeeded.",
+                |s| u64::from(s.up.load(Relaxed)),
+            ),
+        ];
+        for (name, help, value) in families {
+            let kind = if name.ends_with("_total") {
+                "counter"
+            } else {
+                "gauge"
+            };
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for stats in exporters.iter() {
+                let _ = writeln!(
+                    out,
+                    "{name}{{exporter=\"{}\"}} {}",
+                    stats.name,
+                    value(stats)
+                );
+            }
+        }
+        let name = "profiler_agent_export_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Duration of export attempts.\n# TYPE {name} histogram"
+        );
+        for stats in exporters.iter() {
+            let exporter = &stats.name;
+            for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&stats.latency_buckets) {
+                let _ = writeln!(
+                    out,
+                    "{name}_bucket{{exporter=\"{exporter}\",le=\"{bound}\"}} {}",
+                    bucket.load(Relaxed)
+                );
+            }
+            let count = stats.latency_count.load(Relaxed);
+            let sum = stats.latency_sum_micros.load(Relaxed) as f64 / 1e6;
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{exporter=\"{exporter}\",le=\"+Inf\"}} {count}\n\
+                 {name}_sum{{exporter=\"{exporter}\"}} {sum}\n\
+                 {name}_count{{exporter=\"{exporter}\"}} {count}"
+            );
+        }
+    }
+}
+
+/// Resident set size from `/proc/self/statm` (pages × page size).
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * page.max(1) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_gauges_and_a_cumulative_histogram() {
+        let metrics = Metrics::default();
+        metrics.kernel_fired.store(42, Relaxed);
+        metrics.kernel_ring_buffer_full.store(3, Relaxed);
+        let stats = Arc::new(ExporterStats::new("pyroscope"));
+        stats.observe_latency(0.02);
+        stats.observe_latency(3.0);
+        stats.dropped.store(2, Relaxed);
+        metrics.register_exporter(stats);
+        let text = metrics.render();
+        assert!(
+            text.contains("\nprofiler_agent_kernel_samples_total 42\n"),
+            "{text}"
+        );
+        assert!(text.contains("\nprofiler_agent_kernel_samples_dropped_total 3\n"));
+        assert!(text.contains("profiler_agent_export_dropped_total{exporter=\"pyroscope\"} 2"));
+        // Cumulative: 0.02 is in le=0.025 and above, 3.0 only in 10 and +Inf.
+        assert!(text.contains("_bucket{exporter=\"pyroscope\",le=\"0.01\"} 0"));
+        assert!(text.contains("_bucket{exporter=\"pyroscope\",le=\"0.025\"} 1"));
+        assert!(text.contains("_bucket{exporter=\"pyroscope\",le=\"10\"} 2"));
+        assert!(text.contains("_bucket{exporter=\"pyroscope\",le=\"+Inf\"} 2"));
+        assert!(text.contains("profiler_agent_resident_memory_bytes "));
+        // Every sample line belongs to a declared family.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let family = name
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count");
+            assert!(
+                text.contains(&format!("# TYPE {family} "))
+                    || text.contains(&format!("# TYPE {name} ")),
+                "{line}"
+            );
+        }
+    }
+}

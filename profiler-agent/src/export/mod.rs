@@ -1,0 +1,53 @@
+//! Getting profiles out of the agent: push exporters (a directory of pprof
+//! files, Pyroscope), each behind its own bounded queue and thread so a
+//! slow or dead backend never blocks sampling, and the pull endpoints
+//! (`/debug/pprof/profile`, `/metrics`, `/healthz`, `/readyz`).
+
+pub mod directory;
+pub mod http_client;
+pub mod metrics;
+pub mod pyroscope;
+pub mod queue;
+pub mod server;
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+pub use metrics::{ExporterStats, Metrics};
+pub use queue::{Exporter, ExporterHandle};
+
+/// The profile of one service for one window, encoded once and shared by
+/// every exporter.
+#[derive(Debug, Clone)]
+pub struct ServiceProfile {
+    /// The `service_name` label; also names directory files.
+    pub service: String,
+    /// Series labels for backends that index them (Pyroscope):
+    /// `service_name`, `node`, and the container when all the service's
+    /// processes share one.
+    pub labels: Vec<(String, String)>,
+    /// gzip-compressed pprof.
+    pub pprof: Arc<Vec<u8>>,
+}
+
+/// Everything one window produced.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    pub started: SystemTime,
+    pub ended: SystemTime,
+    pub profiles: Vec<ServiceProfile>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("HTTP request to {url} failed: {message}")]
+    Http { url: String, message: String },
+    #[error("{url} answered {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+}

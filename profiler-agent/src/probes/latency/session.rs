@@ -1,0 +1,268 @@
+//! Loading the latency BPF programs with a [`Plan`], attaching every site
+//! (cookie = index of the site in `SITES`), and reading the in-kernel
+//! histograms and counters back, summed over CPUs.
+
+use std::collections::HashMap;
+use std::os::fd::AsFd;
+
+use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap};
+use aya::programs::UProbe;
+use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
+use profiler_common::latency::{
+    GLOBAL_LATENCY_CONFIG, HIST_SLOTS, HistKey, HistValue, LatencyCounter,
+};
+
+use super::plan::{Plan, Role};
+use crate::probes::attach::{AttachError, AttachedUprobe, UprobePmu, attach_uprobe};
+
+/// The compiled latency BPF object, built by this crate's build script.
+static BPF_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/latency"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(
+        "latency probes need root, or the capabilities CAP_BPF and CAP_PERFMON \
+         (`sudo setcap cap_bpf,cap_perfmon+ep $(which profiler-agent)`): {0}"
+    )]
+    Privileges(String),
+    #[error("the kernel refused to load the latency BPF object: {0}")]
+    Load(String),
+    #[error("the kernel refused the BPF program {program}: {reason}")]
+    Program {
+        program: &'static str,
+        reason: String,
+    },
+    #[error("BPF map {0}: {1}")]
+    Map(&'static str, String),
+    #[error("{site}: {source}")]
+    Attach {
+        site: String,
+        #[source]
+        source: AttachError,
+    },
+    #[error("{0}")]
+    Pmu(AttachError),
+}
+
+/// One key's histogram, summed over CPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyTotals {
+    pub count: u64,
+    pub sum: u64,
+    pub buckets: Vec<u64>,
+}
+
+impl KeyTotals {
+    /// `self - earlier`, for one interval (the maps only grow).
+    pub fn since(&self, earlier: Option<&KeyTotals>) -> KeyTotals {
+        let Some(earlier) = earlier else {
+            return self.clone();
+        };
+        KeyTotals {
+            count: self.count.saturating_sub(earlier.count),
+            sum: self.sum.saturating_sub(earlier.sum),
+            buckets: self
+                .buckets
+                .iter()
+                .zip(&earlier.buckets)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+        }
+    }
+}
+
+/// Everything the kernel side has counted so far.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub keys: HashMap<HistKey, KeyTotals>,
+    pub counters: Vec<(LatencyCounter, u64)>,
+}
+
+impl Snapshot {
+    pub fn counter(&self, counter: LatencyCounter) -> u64 {
+        self.counters
+            .iter()
+            .find(|(c, _)| *c == counter)
+            .map_or(0, |(_, v)| *v)
+    }
+
+    /// The change since `earlier`, key by key.
+    pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+        Snapshot {
+            keys: self
+                .keys
+                .iter()
+                .map(|(k, v)| (*k, v.since(earlier.keys.get(k))))
+                .filter(|(_, v)| v.count > 0)
+                .collect(),
+            counters: self
+                .counters
+                .iter()
+                .map(|(c, v)| (*c, v.saturating_sub(earlier.counter(*c))))
+                .collect(),
+        }
+    }
+}
+
+/// Loaded programs and attached uprobes. Dropping it detaches everything.
+pub struct Session {
+    // Field order is drop order: uprobes (links, perf events) first, so no
+    // probe fires into a half-torn-down object; the maps are ours.
+    attached: Vec<AttachedUprobe>,
+    histograms: PerCpuHashMap<MapData, HistKey, HistValue>,
+    counters: PerCpuArray<MapData, u64>,
+    _ebpf: Ebpf,
+}
+
+impl Session {
+    /// Loads the object configured for `plan`, writes the sites, loads the
+    /// programs the plan uses and attaches every site.
+    pub fn start(plan: &Plan) -> Result<Session, SessionError> {
+        crate::sampling::check_privileges().map_err(|e| SessionError::Privileges(e.to_string()))?;
+        raise_memlock_limit();
+        let pmu = UprobePmu::read().map_err(SessionError::Pmu)?;
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_LATENCY_CONFIG, &plan.config, true)
+            .load(BPF_OBJECT)
+            .map_err(|e| SessionError::Load(error_chain(&e)))?;
+
+        {
+            let mut sites: Array<_, profiler_common::latency::SiteConfig> = Array::try_from(
+                ebpf.map_mut("SITES")
+                    .ok_or_else(|| SessionError::Map("SITES", "missing".into()))?,
+            )
+            .map_err(|e| SessionError::Map("SITES", e.to_string()))?;
+            for (index, site) in plan.sites.iter().enumerate() {
+                sites
+                    .set(index as u32, site.site, 0)
+                    .map_err(|e| SessionError::Map("SITES", e.to_string()))?;
+            }
+        }
+
+        let mut attached = Vec::with_capacity(plan.sites.len());
+        for role in [Role::Start, Role::End, Role::Count] {
+            if !plan.sites.iter().any(|s| s.role == role) {
+                continue;
+            }
+            let name = role.program();
+            let program: &mut UProbe = ebpf
+                .program_mut(name)
+                .ok_or_else(|| SessionError::Program {
+                    program: name,
+                    reason: "missing from the object (a build problem)".into(),
+                })?
+                .try_into()
+                .map_err(|e: aya::programs::ProgramError| SessionError::Program {
+                    program: name,
+                    reason: error_chain(&e),
+                })?;
+            program.load().map_err(|e| SessionError::Program {
+                program: name,
+                reason: error_chain(&e),
+            })?;
+            let fd = program.fd().map_err(|e| SessionError::Program {
+                program: name,
+                reason: error_chain(&e),
+            })?;
+            for (index, site) in plan.sites.iter().enumerate() {
+                if site.role != role {
+                    continue;
+                }
+                let uprobe = attach_uprobe(&pmu, fd.as_fd(), &site.target, index as u64).map_err(
+                    |source| SessionError::Attach {
+                        site: site.label.clone(),
+                        source,
+                    },
+                )?;
+                attached.push(uprobe);
+            }
+        }
+
+        let histograms = PerCpuHashMap::try_from(
+            ebpf.take_map("HISTOGRAMS")
+                .ok_or_else(|| SessionError::Map("HISTOGRAMS", "missing".into()))?,
+        )
+        .map_err(|e| SessionError::Map("HISTOGRAMS", e.to_string()))?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map("LATENCY_COUNTERS")
+                .ok_or_else(|| SessionError::Map("LATENCY_COUNTERS", "missing".into()))?,
+        )
+        .map_err(|e| SessionError::Map("LATENCY_COUNTERS", e.to_string()))?;
+        Ok(Session {
+            attached,
+            histograms,
+            counters,
+            _ebpf: ebpf,
+        })
+    }
+
+    /// How many uprobes are attached.
+    pub fn attached(&self) -> usize {
+        self.attached.len()
+    }
+
+    /// Closes every uprobe (the kernel lowers USDT semaphores). The maps
+    /// stay readable.
+    pub fn detach(&mut self) {
+        self.attached.clear();
+    }
+
+    /// Reads the histograms and counters, summed over CPUs.
+    pub fn snapshot(&self) -> Snapshot {
+        let mut keys = HashMap::new();
+        for entry in self.histograms.iter() {
+            let Ok((key, per_cpu)) = entry else { continue };
+            let mut totals = KeyTotals {
+                count: 0,
+                sum: 0,
+                buckets: vec![0; HIST_SLOTS],
+            };
+            for value in per_cpu.iter() {
+                totals.count += value.count;
+                totals.sum += value.sum;
+                for (total, bucket) in totals.buckets.iter_mut().zip(value.buckets.iter()) {
+                    *total += bucket;
+                }
+            }
+            keys.insert(key, totals);
+        }
+        let counters = LatencyCounter::ALL
+            .iter()
+            .map(|&c| {
+                let value = self
+                    .counters
+                    .get(&(c as u32), 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .unwrap_or(0);
+                (c, value)
+            })
+            .collect();
+        Snapshot { keys, counters }
+    }
+}
+
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: plain syscall with a valid struct; only old kernels (< 5.11)
+    // charge BPF maps to RLIMIT_MEMLOCK, where loading reports a failure.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+}
+
+/// The error and its sources on one line (verifier logs and errnos live in
+/// aya's sources).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

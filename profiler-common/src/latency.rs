@@ -1,0 +1,236 @@
+//! Types shared by the latency BPF programs (`profiler-ebpf/src/latency`)
+//! and the agent's `latency` command.
+//!
+//! The programs are arch-neutral: every register they read (an argument, a
+//! Go goroutine pointer, the instruction pointer) is named by its byte
+//! offset in `struct pt_regs`, which user space computes from the target's
+//! architecture and passes in [`LatencyConfig`] and [`SiteConfig`].
+
+/// Slots of one histogram value: log2 needs 65 (bpftrace's `hist()`:
+/// v < 0, 0, then one per power of two); a linear layout may use up to
+/// `HIST_SLOTS - 2` buckets between min and max.
+pub const HIST_SLOTS: usize = 128;
+
+/// Bytes of a string key (`--by str:argN`, `--by comm`). bpftrace's
+/// default `strlen` is 64 too.
+pub const KEY_TEXT_LEN: usize = 64;
+
+/// Most probe sites one run attaches (entries of the `SITES` array; the
+/// attach cookie of each perf event is its index here).
+pub const MAX_SITES: u32 = 4096;
+
+/// Most distinct histogram keys (`--by`); further keys are counted as
+/// `HistogramFull` errors.
+pub const MAX_KEYS: u32 = 4096;
+
+/// Starts waiting for their end (threads or goroutines inside the measured
+/// operation at once). An LRU map: a start whose end never comes (thread
+/// killed, Go panic) is evicted instead of leaking a slot forever.
+pub const MAX_IN_FLIGHT: u32 = 65536;
+
+/// `pt_regs` offset meaning "no register".
+pub const NO_REGISTER: u16 = u16::MAX;
+
+/// Where an argument value lives, as [`ArgReader::kind`].
+pub const ARG_NONE: u8 = 0;
+/// In a register: the `pt_regs` slot at `base`.
+pub const ARG_REGISTER: u8 = 1;
+/// In user memory at `reg(base) + reg(index) * scale + value`.
+pub const ARG_MEMORY: u8 = 2;
+/// The constant `value`.
+pub const ARG_IMMEDIATE: u8 = 3;
+/// In user memory at the link-time address `value` plus the object's load
+/// bias, computed in BPF as `ip - SiteConfig::site_address` (the
+/// `sym(%rip)` form neither libbpf nor bpftrace 0.17 reads correctly).
+pub const ARG_ABSOLUTE: u8 = 4;
+
+/// How to read one USDT argument at a probe site (from its `ArgSpec`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArgReader {
+    /// One of `ARG_*`.
+    pub kind: u8,
+    /// Bytes: 1, 2, 4 or 8.
+    pub size: u8,
+    /// Non-zero: sign-extend to 64 bits.
+    pub signed: u8,
+    /// Scale of the index register (1, 2, 4, 8).
+    pub scale: u8,
+    /// `pt_regs` offset of the register or base register, or `NO_REGISTER`.
+    pub base: u16,
+    /// `pt_regs` offset of the index register, or `NO_REGISTER`.
+    pub index: u16,
+    /// Displacement, immediate or link-time address.
+    pub value: i64,
+}
+
+/// Per probe site: what the site's key argument is, and where the site is.
+/// Indexed by the perf event's BPF cookie.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SiteConfig {
+    /// The argument `--by argN` / `--by str:argN` reads at this site.
+    pub key_arg: ArgReader,
+    /// Link-time virtual address of the site (for `ARG_ABSOLUTE`).
+    pub site_address: u64,
+}
+
+/// What the histogram is keyed by, as [`LatencyConfig::key_kind`].
+pub const KEY_NONE: u32 = 0;
+/// An integer argument (`--by argN`).
+pub const KEY_ARG: u32 = 1;
+/// A string in user memory an argument points to (`--by str:argN`).
+pub const KEY_STRING_ARG: u32 = 2;
+/// The process id.
+pub const KEY_PID: u32 = 3;
+/// The thread name.
+pub const KEY_COMM: u32 = 4;
+
+/// The run's settings: a read-only global (`LATENCY_CONFIG`) the loader
+/// sets before loading, so the verifier sees constants and prunes the
+/// branches a run does not use.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyConfig {
+    /// Nanoseconds per unit (1, 1000, 1000000); durations are divided
+    /// before bucketing, as bpftrace's `hist((nsecs - @s[tid]) / 1000)`.
+    pub divisor: u64,
+    /// Linear layout: the low bound and bucket width; `linear_buckets`
+    /// (buckets between min and max) is 0 for log2.
+    pub linear_min: i64,
+    pub linear_step: i64,
+    pub linear_buckets: u32,
+    /// One of `KEY_*`.
+    pub key_kind: u32,
+    /// Only this process (tgid); 0 = every process. The perf events are
+    /// already per-process with `--pid`; this is a cheap second guard.
+    pub tgid: u32,
+    /// `pt_regs` offset of the goroutine pointer (Go: R14 on amd64, X28 on
+    /// arm64) to key starts by goroutine; `NO_REGISTER` keys by thread.
+    pub goroutine_register: u16,
+    /// `pt_regs` offset of the instruction pointer.
+    pub ip_register: u16,
+}
+
+impl LatencyConfig {
+    pub const DEFAULT: LatencyConfig = LatencyConfig {
+        divisor: 1,
+        linear_min: 0,
+        linear_step: 1,
+        linear_buckets: 0,
+        key_kind: KEY_NONE,
+        tgid: 0,
+        goroutine_register: NO_REGISTER,
+        ip_register: NO_REGISTER,
+    };
+}
+
+/// Name of the read-only global holding the [`LatencyConfig`].
+pub const GLOBAL_LATENCY_CONFIG: &str = "LATENCY_CONFIG";
+
+/// A histogram key: an integer, or a NUL-padded string, or neither.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HistKey {
+    pub value: u64,
+    pub text: [u8; KEY_TEXT_LEN],
+}
+
+impl HistKey {
+    pub const ZERO: HistKey = HistKey {
+        value: 0,
+        text: [0; KEY_TEXT_LEN],
+    };
+}
+
+/// One key's histogram: hits, the sum of their values, and bucket counts
+/// (per CPU; user space adds the CPUs up).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct HistValue {
+    pub count: u64,
+    pub sum: u64,
+    pub buckets: [u64; HIST_SLOTS],
+}
+
+/// Who a start belongs to: the process and its thread (`pid_tgid`) or its
+/// goroutine (the g pointer).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StartKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub id: u64,
+}
+
+/// A pending start: when, and the key read at the start probe (arguments
+/// are read where the operation begins; at a function's return they are
+/// gone).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StartValue {
+    pub time_ns: u64,
+    pub key: HistKey,
+}
+
+/// Indices into the per-CPU `LATENCY_COUNTERS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LatencyCounter {
+    /// Start probe hits.
+    Starts = 0,
+    /// End probe hits.
+    Ends = 1,
+    /// Count probe hits (`--count`).
+    Counts = 2,
+    /// An end with no start (the operation began before attaching, or its
+    /// start was evicted from the LRU map).
+    EndWithoutStart = 3,
+    /// The start map refused an insert.
+    StartMapFull = 4,
+    /// A new key did not fit in the histogram map (`MAX_KEYS`).
+    HistogramFull = 5,
+    /// Reading an argument (register or user memory) failed; the hit was
+    /// recorded under key 0 / the empty string.
+    ArgReadFailed = 6,
+    /// A perf event's cookie named no configured site.
+    UnknownSite = 7,
+    /// A hit from another process than `--pid`.
+    FilteredOut = 8,
+    /// A start replaced a pending start of the same thread/goroutine
+    /// (recursion, or a lost end).
+    StartReplaced = 9,
+}
+
+/// Slots of the counter array.
+pub const LATENCY_COUNTER_SLOTS: u32 = 16;
+
+impl LatencyCounter {
+    pub const ALL: [LatencyCounter; 10] = [
+        LatencyCounter::Starts,
+        LatencyCounter::Ends,
+        LatencyCounter::Counts,
+        LatencyCounter::EndWithoutStart,
+        LatencyCounter::StartMapFull,
+        LatencyCounter::HistogramFull,
+        LatencyCounter::ArgReadFailed,
+        LatencyCounter::UnknownSite,
+        LatencyCounter::FilteredOut,
+        LatencyCounter::StartReplaced,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            LatencyCounter::Starts => "starts",
+            LatencyCounter::Ends => "ends",
+            LatencyCounter::Counts => "counted",
+            LatencyCounter::EndWithoutStart => "ends without a start",
+            LatencyCounter::StartMapFull => "start map full",
+            LatencyCounter::HistogramFull => "histogram map full",
+            LatencyCounter::ArgReadFailed => "argument reads failed",
+            LatencyCounter::UnknownSite => "unknown sites",
+            LatencyCounter::FilteredOut => "other processes",
+            LatencyCounter::StartReplaced => "starts replaced",
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! BPF side of `profiler-agent latency`: uprobe programs that time an
+//! operation between a start probe and an end probe and add the duration
+//! to an in-kernel histogram, or count hits of one probe.
+//!
+//! - `latency_start`: remembers `bpf_ktime_get_ns()` (and the histogram
+//!   key, read from the start site's arguments) per thread, or per
+//!   goroutine for Go, in an LRU map, so starts whose end never fires are
+//!   evicted instead of filling the map.
+//! - `latency_end`: takes the start back, adds `(now - start) / divisor`
+//!   to the key's per-CPU histogram (bpftrace's log2 buckets, or linear),
+//!   count and sum.
+//! - `latency_count`: adds one to the key's count.
+//!
+//! Every perf event carries a BPF cookie: the index of its site in
+//! `SITES`, where user space wrote how to read that site's key argument
+//! (each USDT site has its own argument locations). Errors are counted in
+//! `LATENCY_COUNTERS`, never logged: aya-log costs hundreds of
+//! instructions per call.
+#![no_std]
+#![no_main]
+
+mod args;
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{BPF_F_NO_COMMON_LRU, BPF_F_NO_PREALLOC, BPF_NOEXIST},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        bpf_probe_read_user_str_bytes, generated::bpf_get_attach_cookie,
+    },
+    macros::{map, uprobe},
+    maps::{Array, LruHashMap, PerCpuArray, PerCpuHashMap},
+    programs::ProbeContext,
+};
+use profiler_common::latency::{
+    HIST_SLOTS, HistKey, HistValue, KEY_ARG, KEY_COMM, KEY_PID, KEY_STRING_ARG,
+    LATENCY_COUNTER_SLOTS, LatencyConfig, LatencyCounter, MAX_IN_FLIGHT, MAX_KEYS, MAX_SITES,
+    NO_REGISTER, SiteConfig, StartKey, StartValue,
+};
+
+/// Set by the loader (`profiler_common::latency::GLOBAL_LATENCY_CONFIG`).
+/// A read-only global: the verifier sees its fields as constants and drops
+/// the branches this run does not use.
+#[unsafe(no_mangle)]
+static LATENCY_CONFIG: LatencyConfig = LatencyConfig::DEFAULT;
+
+/// Per-site settings, indexed by the perf event's BPF cookie.
+#[map]
+static SITES: Array<SiteConfig> = Array::with_max_entries(MAX_SITES, 0);
+
+/// Pending starts by thread or goroutine. BPF_F_NO_COMMON_LRU: one LRU
+/// list per CPU, so inserts on many CPUs do not contend for one list lock
+/// (on this 2-CPU machine it made no measurable difference).
+#[map]
+static STARTS: LruHashMap<StartKey, StartValue> =
+    LruHashMap::with_max_entries(MAX_IN_FLIGHT, BPF_F_NO_COMMON_LRU);
+
+/// Histograms by key, per CPU (no atomics on the hot path). Not
+/// preallocated: a value is 1 KiB per CPU and most runs use one key.
+#[map]
+static HISTOGRAMS: PerCpuHashMap<HistKey, HistValue> =
+    PerCpuHashMap::with_max_entries(MAX_KEYS, BPF_F_NO_PREALLOC);
+
+/// An all-zero `HistValue` to insert new keys from (1 KiB does not fit on
+/// the 512-byte BPF stack). Never written.
+#[map]
+static ZERO: PerCpuArray<HistValue> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU counters, indexed by `LatencyCounter`.
+#[map]
+static LATENCY_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LATENCY_COUNTER_SLOTS, 0);
+
+const EEXIST: i32 = 17;
+
+#[uprobe]
+pub fn latency_start(ctx: ProbeContext) -> u32 {
+    on_start(&ctx);
+    0
+}
+
+#[uprobe]
+pub fn latency_end(ctx: ProbeContext) -> u32 {
+    on_end(&ctx);
+    0
+}
+
+#[uprobe]
+pub fn latency_count(ctx: ProbeContext) -> u32 {
+    on_count(&ctx);
+    0
+}
+
+#[inline(always)]
+fn bump(counter: LatencyCounter) {
+    if let Some(slot) = LATENCY_COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: a per-CPU slot; uprobe programs do not nest on one CPU
+        // (they run with preemption and migration disabled).
+        unsafe { *slot += 1 };
+    }
+}
+
+#[inline(always)]
+fn config() -> LatencyConfig {
+    // SAFETY: reading a read-only global the loader initialised.
+    unsafe { core::ptr::read_volatile(&LATENCY_CONFIG) }
+}
+
+/// Who a start belongs to, or `None` when the hit is filtered out or the
+/// goroutine register cannot be read.
+#[inline(always)]
+fn start_key(ctx: &ProbeContext, config: &LatencyConfig) -> Option<StartKey> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if config.tgid != 0 && tgid != config.tgid {
+        bump(LatencyCounter::FilteredOut);
+        return None;
+    }
+    let id = if config.goroutine_register != NO_REGISTER {
+        // Go keeps the current g in a register at every function boundary
+        // (ABIInternal): the same goroutine may run on another thread by
+        // the time the function returns.
+        match args::register(ctx, config.goroutine_register) {
+            Some(g) => g,
+            None => {
+                bump(LatencyCounter::ArgReadFailed);
+                return None;
+            }
+        }
+    } else {
+        pid_tgid
+    };
+    Some(StartKey { tgid, _pad: 0, id })
+}
+
+/// Fills `key` per `--by`.
+#[inline(always)]
+fn histogram_key(ctx: &ProbeContext, config: &LatencyConfig, tgid: u32, key: &mut HistKey) {
+    match config.key_kind {
+        KEY_PID => key.value = u64::from(tgid),
+        KEY_COMM => {
+            if let Ok(comm) = bpf_get_current_comm() {
+                key.text[..comm.len()].copy_from_slice(&comm);
+            }
+        }
+        KEY_ARG | KEY_STRING_ARG => {
+            // SAFETY: the helper only reads the run context's cookie.
+            let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+            let Some(site) = SITES.get(cookie as u32) else {
+                bump(LatencyCounter::UnknownSite);
+                return;
+            };
+            let Some(value) = args::read(ctx, &site.key_arg, site.site_address, config.ip_register)
+            else {
+                bump(LatencyCounter::ArgReadFailed);
+                return;
+            };
+            if config.key_kind == KEY_ARG {
+                key.value = value;
+            } else {
+                // SAFETY: the helper checks the user address and writes at
+                // most text.len() bytes, NUL-terminated.
+                if unsafe { bpf_probe_read_user_str_bytes(value as *const u8, &mut key.text) }
+                    .is_err()
+                {
+                    bump(LatencyCounter::ArgReadFailed);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+#[inline(always)]
+fn on_start(ctx: &ProbeContext) {
+    bump(LatencyCounter::Starts);
+    let config = config();
+    let Some(key) = start_key(ctx, &config) else {
+        return;
+    };
+    let mut value = StartValue {
+        time_ns: 0,
+        key: HistKey::ZERO,
+    };
+    histogram_key(ctx, &config, key.tgid, &mut value.key);
+    // Last, so the time spent reading arguments is not measured.
+    // SAFETY: reads the monotonic clock; no memory involved.
+    value.time_ns = unsafe { bpf_ktime_get_ns() };
+    match STARTS.insert(&key, &value, BPF_NOEXIST as u64) {
+        Ok(()) => {}
+        Err(error) if error == -EEXIST => {
+            bump(LatencyCounter::StartReplaced);
+            if STARTS.insert(&key, &value, 0).is_err() {
+                bump(LatencyCounter::StartMapFull);
+            }
+        }
+        Err(_) => bump(LatencyCounter::StartMapFull),
+    }
+}
+
+#[inline(always)]
+fn on_end(ctx: &ProbeContext) {
+    // First, so our own work is not measured.
+    // SAFETY: as in on_start.
+    let now = unsafe { bpf_ktime_get_ns() };
+    bump(LatencyCounter::Ends);
+    let config = config();
+    let Some(key) = start_key(ctx, &config) else {
+        return;
+    };
+    // SAFETY: the value is copied out before the entry is deleted.
+    let Some(start) = (unsafe { STARTS.get(&key) }).copied() else {
+        bump(LatencyCounter::EndWithoutStart);
+        return;
+    };
+    let _ = STARTS.remove(&key);
+    // checked_div: a division that may panic would leave an unreachable
+    // trap the verifier refuses (user space never passes 0).
+    let elapsed = now.saturating_sub(start.time_ns);
+    let duration = elapsed.checked_div(config.divisor).unwrap_or(elapsed);
+    let Some(histogram) = histogram_of(&start.key) else {
+        return;
+    };
+    let bucket = bucket(duration, &config);
+    // SAFETY: this CPU's copy of the key's value; programs do not nest on
+    // one CPU. `bucket` is checked against the array length.
+    unsafe {
+        (*histogram).count += 1;
+        (*histogram).sum += duration;
+        if bucket < HIST_SLOTS {
+            (*histogram).buckets[bucket] += 1;
+        }
+    }
+}
+
+#[inline(always)]
+fn on_count(ctx: &ProbeContext) {
+    bump(LatencyCounter::Counts);
+    let config = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if config.tgid != 0 && tgid != config.tgid {
+        bump(LatencyCounter::FilteredOut);
+        return;
+    }
+    let mut key = HistKey::ZERO;
+    histogram_key(ctx, &config, tgid, &mut key);
+    if let Some(histogram) = histogram_of(&key) {
+        // SAFETY: as in on_end.
+        unsafe { (*histogram).count += 1 };
+    }
+}
+
+/// This CPU's histogram of `key`, created empty on first use.
+#[inline(always)]
+fn histogram_of(key: &HistKey) -> Option<*mut HistValue> {
+    if let Some(value) = HISTOGRAMS.get_ptr_mut(key) {
+        return Some(value);
+    }
+    let zero = ZERO.get(0)?;
+    // Another CPU may insert the same key at once: EEXIST is fine.
+    match HISTOGRAMS.insert(key, zero, BPF_NOEXIST as u64) {
+        Ok(()) => {}
+        Err(error) if error == -EEXIST => {}
+        Err(_) => {
+            bump(LatencyCounter::HistogramFull);
+            return None;
+        }
+    }
+    let value = HISTOGRAMS.get_ptr_mut(key);
+    if value.is_none() {
+        bump(LatencyCounter::HistogramFull);
+    }
+    value
+}
+
+/// bpftrace's buckets: log2 (`hist()`: 0 for v < 0, 1 for 0, else
+/// floor(log2 v) + 2) or linear (`lhist()`: 0 below min, 1 + (v - min) /
+/// step inside, n + 1 at or above max).
+#[inline(always)]
+fn bucket(value: u64, config: &LatencyConfig) -> usize {
+    let signed = value as i64;
+    if config.linear_buckets == 0 {
+        if signed < 0 {
+            0
+        } else if signed == 0 {
+            1
+        } else {
+            (65 - value.leading_zeros()) as usize
+        }
+    } else {
+        let n = u64::from(config.linear_buckets);
+        if signed < config.linear_min {
+            0
+        } else {
+            let offset = (signed.wrapping_sub(config.linear_min) as u64)
+                .checked_div(config.linear_step as u64)
+                .unwrap_or(0);
+            if offset >= n {
+                n as usize + 1
+            } else {
+                offset as usize + 1
+            }
+        }
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

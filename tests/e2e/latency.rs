@@ -1,0 +1,432 @@
+//! `profiler-agent latency` against known workloads and against bpftrace:
+//! the latency fixture (tests/fixtures/usdt/latency.c: per round 4 x 1 ms,
+//! 2 x 4 ms and 1 x 16 ms sleeps between USDT probes, once without and
+//! once with semaphores), Debian's python3.11 `gc__start/gc__done`
+//! (semaphore-guarded) around a `gc.collect()` loop, and bad input.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use profiler_agent::probes::read_probes;
+use profiler_tests::*;
+
+const ROUNDS: u64 = 5;
+/// Operations per round of each sleep length (the fixture's mix).
+const MIX: [(u64, u64); 3] = [(1, 4), (4, 2), (16, 1)];
+
+/// Where a sleep of `ms` lands in a log2 histogram of nanoseconds: the
+/// bucket of the exact duration, or the next one when the scheduler's
+/// overshoot carries it past the power of two (1 ms = 1,000,000 ns sits
+/// just under 2^20 = 1,048,576: [512K, 1M) or [1M, 2M)).
+fn log2_buckets_ns(ms: u64) -> [String; 2] {
+    let ns = ms * 1_000_000;
+    let low = 1u64 << (63 - ns.leading_zeros());
+    [label(low), label(low * 2)]
+}
+
+fn label(low: u64) -> String {
+    let power = |v: u64| {
+        let p = v.trailing_zeros();
+        let suffix = ["", "K", "M", "G", "T", "P"][(p / 10) as usize];
+        format!("{}{suffix}", v >> (p / 10 * 10))
+    };
+    format!("[{}, {})", power(low), power(low * 2))
+}
+
+/// Counts of a block's rows by label.
+fn rows(text: &str, header: &str) -> BTreeMap<String, u64> {
+    histogram_rows(text, header).into_iter().collect()
+}
+
+/// Log2 bucket labels from `low` (a power of two) upwards.
+fn labels_from(low: u64) -> Vec<String> {
+    (0..16).map(|i| label(low << i)).collect()
+}
+
+/// Asserts that the `expected` operations of one sleep length are there:
+/// none measured shorter than the sleep (the bucket holding the exact
+/// duration or above), and at least 90% in that bucket or the next (the
+/// scheduler's usual overshoot; a loaded 2-core machine occasionally wakes
+/// a sleeper a millisecond late).
+fn assert_sleeps(rows: &BTreeMap<String, u64>, low: u64, expected: u64, what: &str, text: &str) {
+    let allowed = labels_from(low);
+    let at_or_above: u64 = allowed.iter().filter_map(|l| rows.get(l)).sum();
+    assert_eq!(
+        at_or_above, expected,
+        "{what}: {expected} at or above {}:\n{text}",
+        allowed[0]
+    );
+    let near =
+        rows.get(&allowed[0]).copied().unwrap_or(0) + rows.get(&allowed[1]).copied().unwrap_or(0);
+    assert!(
+        near * 10 >= expected * 9,
+        "{what}: {near} of {expected} in {} or {}:\n{text}",
+        allowed[0],
+        allowed[1]
+    );
+}
+
+/// Asserts the whole mix in one unkeyed log2 histogram of nanoseconds.
+fn assert_mix(rows: &BTreeMap<String, u64>, rounds: u64, text: &str) {
+    let total: u64 = rows.values().sum();
+    assert_eq!(total, 7 * rounds, "every operation once:\n{text}");
+    // Count by lower bound: each sleep length owns the buckets from its
+    // own up to the next length's (1 ms: [512K, 1M) .. below [2M, 4M)).
+    let floor = |ms: u64| 1u64 << (63 - (ms * 1_000_000).leading_zeros());
+    let mut above = 0;
+    for (ms, per_round) in MIX.iter().rev() {
+        let at_or_above: u64 = labels_from(floor(*ms))
+            .iter()
+            .filter_map(|l| rows.get(l))
+            .sum();
+        assert!(
+            at_or_above >= above + per_round * rounds,
+            "{ms} ms sleeps measured shorter than {ms} ms:\n{text}"
+        );
+        above += per_round * rounds;
+    }
+    let [a, b] = log2_buckets_ns(16);
+    let long = rows.get(&a).copied().unwrap_or(0) + rows.get(&b).copied().unwrap_or(0);
+    assert!(long >= rounds, "16 ms sleeps:\n{text}");
+}
+
+fn summary_count(text: &str) -> Vec<u64> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("count "))
+        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// The tests of this file run one at a time: each measures sleeps, and
+/// two at once (with bpftrace compiling its script) on a 2-core machine
+/// disturb each other's timing.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn start_agent(args: &[&str]) -> Background {
+    require_bpf_privileges();
+    let mut agent = Background::start(&agent_bin(), args);
+    agent.wait_for("attached ");
+    agent
+}
+
+#[test]
+fn histogram_matches_the_sleep_mix_and_semaphores_are_released() {
+    let _serial = serial();
+    let fixture = build_latency_fixture("-O2");
+    let path = fixture.to_str().unwrap();
+    let probes = read_probes(&fixture).unwrap();
+    let semaphores: Vec<u64> = ["op__start", "op__done"]
+        .iter()
+        .map(|name| {
+            probes
+                .sites("demo_sem", name)
+                .next()
+                .and_then(|p| p.semaphore)
+                .expect("demo_sem probes have semaphores")
+                .file_offset
+        })
+        .collect();
+
+    let mut target = Gated::start(&fixture, &[&ROUNDS.to_string(), "wait"]);
+    let pid = target.pid().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    for &sem in &semaphores {
+        assert_eq!(
+            read_mapped_u16(target.pid(), &fixture, sem),
+            0,
+            "before attaching"
+        );
+    }
+    let agent = start_agent(&[
+        "latency",
+        "--pid",
+        &pid,
+        &format!("usdt:{path}:demo_sem:op__start"),
+        &format!("usdt:{path}:demo_sem:op__done"),
+    ]);
+    for &sem in &semaphores {
+        assert_eq!(
+            read_mapped_u16(target.pid(), &fixture, sem),
+            1,
+            "the kernel raises the semaphore while attached"
+        );
+    }
+    assert_eq!(target.run_to_gate().trim(), format!("ops {}", 7 * ROUNDS));
+    let done = agent.interrupt();
+    assert!(done.status.success(), "{done:?}");
+    for &sem in &semaphores {
+        assert_eq!(
+            read_mapped_u16(target.pid(), &fixture, sem),
+            0,
+            "Ctrl-C closes every uprobe and the kernel lowers the semaphore"
+        );
+    }
+    assert!(target.finish().success());
+
+    let rows = rows(&done.stdout, "@ns");
+    assert_mix(&rows, ROUNDS, &done.stdout);
+    assert_eq!(
+        summary_count(&done.stdout),
+        vec![7 * ROUNDS],
+        "{}",
+        done.stdout
+    );
+    assert!(done.stdout.contains(", p50 ") && done.stdout.contains(", p99 "));
+    assert!(
+        done.stderr.contains(&format!(
+            "{} starts, {} ends, 0 ends without a start",
+            7 * ROUNDS,
+            7 * ROUNDS
+        )),
+        "{}",
+        done.stderr
+    );
+}
+
+#[test]
+fn by_arg0_decodes_the_fixture_arguments_at_o0() {
+    let _serial = serial();
+    // -O0: the arguments are in stack slots (`-4@-4(%rbp)`), read from
+    // user memory; str:arg1 follows a pointer to the name.
+    let fixture = build_latency_fixture("-O0");
+    let path = fixture.to_str().unwrap();
+    for key in ["arg0", "str:arg1"] {
+        let mut target = Gated::start(&fixture, &[&ROUNDS.to_string(), "wait"]);
+        let pid = target.pid().to_string();
+        let agent = start_agent(&[
+            "latency",
+            "--pid",
+            &pid,
+            "--by",
+            key,
+            &format!("usdt:{path}:demo:op__start"),
+            &format!("usdt:{path}:demo:op__done"),
+        ]);
+        target.run_to_gate();
+        let done = agent.interrupt();
+        assert!(target.finish().success());
+        assert!(done.status.success(), "{done:?}");
+        for ((ms, per_round), name) in MIX.iter().zip(["short", "medium", "long"]) {
+            let header = if key == "arg0" {
+                format!("@ns[{ms}]")
+            } else {
+                format!("@ns[{name}]")
+            };
+            let rows = rows(&done.stdout, &header);
+            let low = 1u64 << (63 - (ms * 1_000_000).leading_zeros());
+            assert_sleeps(&rows, low, per_round * ROUNDS, &header, &done.stdout);
+        }
+    }
+}
+
+/// bpftrace's count and histogram of the same probes in the same run.
+#[test]
+fn totals_match_bpftrace_on_the_same_probes() {
+    let _serial = serial();
+    let fixture = build_latency_fixture("-O2");
+    let path = fixture.to_str().unwrap();
+    let script = format!(
+        "usdt:{path}:demo:op__start {{ @s[tid] = nsecs; }}\n\
+         usdt:{path}:demo:op__done /@s[tid]/ {{ @h = hist(nsecs - @s[tid]); @n = count(); \
+         delete(@s[tid]); }}\n\
+         END {{ clear(@s); }}"
+    );
+    require_bpf_privileges();
+    let mut bpftrace = Background::start(Path::new("bpftrace"), &["-e", &script]);
+    bpftrace.wait_for("Attaching");
+    // Both attached by path: the process starts after them.
+    let agent = start_agent(&[
+        "latency",
+        &format!("usdt:{path}:demo:op__start"),
+        &format!("usdt:{path}:demo:op__done"),
+    ]);
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let status = std::process::Command::new(&fixture)
+        .arg(ROUNDS.to_string())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let ours = agent.interrupt();
+    let theirs = bpftrace.interrupt();
+    assert!(ours.status.success(), "{ours:?}");
+    let ours_rows = rows(&ours.stdout, "@ns");
+    let theirs_rows = rows(&theirs.stdout, "@h");
+    assert_mix(&ours_rows, ROUNDS, &ours.stdout);
+    assert_mix(&theirs_rows, ROUNDS, &theirs.stdout);
+    let bpftrace_count: u64 = theirs
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("@n: "))
+        .unwrap_or_else(|| panic!("no @n in bpftrace output:\n{}", theirs.stdout))
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(bpftrace_count, 7 * ROUNDS);
+    assert_eq!(summary_count(&ours.stdout), vec![bpftrace_count]);
+}
+
+#[test]
+fn python_gc_probes_count_the_collect_loop() {
+    let _serial = serial();
+    const LOOPS: u64 = 37;
+    let python = Path::new("/usr/bin/python3.11");
+    assert!(
+        python.exists(),
+        "Debian's python3.11 is missing: `cargo xtask setup --tests`"
+    );
+    // Automatic collections off: only the loop's explicit collections, of
+    // generation 2, fire gc__start/gc__done.
+    let script = format!(
+        "import gc, sys\ngc.disable()\nsys.stdin.readline()\n\
+         for _ in range({LOOPS}): gc.collect()\nprint('done', flush=True)\nsys.stdin.readline()\n"
+    );
+    let mut target = Gated::start(python, &["-c", &script]);
+    let pid = target.pid().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let agent = start_agent(&[
+        "latency",
+        "--pid",
+        &pid,
+        "--unit",
+        "us",
+        "--by",
+        "arg0",
+        "usdt:/usr/bin/python3.11:python:gc__start",
+        "usdt:/usr/bin/python3.11:python:gc__done",
+    ]);
+    assert_eq!(target.run_to_gate().trim(), "done");
+    let done = agent.interrupt();
+    assert!(target.finish().success());
+    assert!(done.status.success(), "{done:?}");
+    let total: u64 = rows(&done.stdout, "@us[2]").values().sum();
+    assert_eq!(total, LOOPS, "{}", done.stdout);
+    assert_eq!(summary_count(&done.stdout), vec![LOOPS], "{}", done.stdout);
+
+    // The same probe counted.
+    let mut target = Gated::start(python, &["-c", &script]);
+    let pid = target.pid().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let agent = start_agent(&[
+        "latency",
+        "--count",
+        "--pid",
+        &pid,
+        "usdt:/usr/bin/python3.11:python:gc__done",
+    ]);
+    target.run_to_gate();
+    let done = agent.interrupt();
+    assert!(target.finish().success());
+    assert_eq!(done.stdout.trim(), format!("@count: {LOOPS}"), "{done:?}");
+}
+
+#[test]
+fn a_process_started_after_attaching_is_traced() {
+    let _serial = serial();
+    // The function form: uprobe at timed_sleep's entry, uretprobe at its
+    // return; op() and sem_op() both call it for every operation.
+    let fixture = build_latency_fixture("-O2");
+    let path = fixture.to_str().unwrap();
+    let agent = start_agent(&[
+        "latency",
+        "--unit",
+        "us",
+        &format!("uprobe:{path}:timed_sleep"),
+    ]);
+    let status = std::process::Command::new(&fixture)
+        .arg(ROUNDS.to_string())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let done = agent.interrupt();
+    assert!(done.status.success(), "{done:?}");
+    let rows = rows(&done.stdout, "@us");
+    // In microseconds. Every call sleeps at least 1 ms: all at or above
+    // [512, 1K); the 16 ms ones at or above [8K, 16K), and the 1 and 4 ms
+    // ones below it.
+    let total: u64 = rows.values().sum();
+    assert_eq!(total, 2 * 7 * ROUNDS, "{}", done.stdout);
+    let sum_from = |low: u64| -> u64 { labels_from(low).iter().filter_map(|l| rows.get(l)).sum() };
+    assert_eq!(sum_from(512), total, "{}", done.stdout);
+    assert_eq!(sum_from(8192), 2 * ROUNDS, "{}", done.stdout);
+    assert_eq!(sum_from(2048), 2 * 3 * ROUNDS, "{}", done.stdout);
+}
+
+#[test]
+fn bad_input_is_explained_before_attaching() {
+    let _serial = serial();
+    let fixture = build_latency_fixture("-O2");
+    let path = fixture.to_str().unwrap();
+    let fail = |args: &[&str]| {
+        let output = run_agent(args);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let unknown = fail(&[
+        "latency",
+        &format!("usdt:{path}:demo:op__strat"),
+        &format!("usdt:{path}:demo:op__done"),
+    ]);
+    assert!(
+        unknown.contains("no USDT probe demo:op__strat") && unknown.contains("demo:op__start"),
+        "{unknown}"
+    );
+    let no_notes = fail(&["latency", "--count", "usdt:/bin/true:a:b"]);
+    assert!(no_notes.contains("has no USDT probes"), "{no_notes}");
+    let no_arg = fail(&[
+        "latency",
+        "--by",
+        "arg5",
+        &format!("usdt:{path}:demo:op__start"),
+        &format!("usdt:{path}:demo:op__done"),
+    ]);
+    assert!(
+        no_arg.contains("has 2 argument(s); there is no argument 5"),
+        "{no_arg}"
+    );
+    let no_function = fail(&["latency", &format!("uprobe:{path}:timed_slep")]);
+    assert!(
+        no_function.contains("did you mean timed_sleep"),
+        "{no_function}"
+    );
+}
+
+#[test]
+fn go_function_latency_survives_stack_growth() {
+    let _serial = serial();
+    let fixture = build_go_latency_fixture();
+    let untraced = std::process::Command::new(&fixture).output().unwrap();
+    assert!(untraced.status.success());
+    let path = fixture.to_str().unwrap();
+    let agent = start_agent(&[
+        "latency",
+        "--unit",
+        "us",
+        &format!("uprobe:{path}:main.work"),
+    ]);
+    let traced = std::process::Command::new(&fixture).output().unwrap();
+    let done = agent.interrupt();
+    assert!(
+        traced.status.success(),
+        "the traced Go program crashed: {}",
+        String::from_utf8_lossy(&traced.stderr)
+    );
+    assert_eq!(traced.stdout, untraced.stdout, "same output traced and not");
+    assert!(done.status.success(), "{done:?}");
+    assert!(
+        done.stderr.contains("starts keyed by goroutine"),
+        "{}",
+        done.stderr
+    );
+    assert_eq!(summary_count(&done.stdout), vec![200], "{}", done.stdout);
+    assert!(
+        done.stderr
+            .contains("200 starts, 200 ends, 0 ends without a start"),
+        "{}",
+        done.stderr
+    );
+}

@@ -1,0 +1,114 @@
+//! The kernel's own accounting of BPF programs: with
+//! `kernel.bpf_stats_enabled=1` every program has a run count and total run
+//! time, which `bpftool prog show -j` reports. Divided, they are the exact
+//! cost of one sample in the kernel, charged to whichever task the timer
+//! interrupted (it never shows up as the profiler's own CPU time).
+
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+/// Turns the statistics on and restores the previous setting when dropped.
+pub struct StatsEnabled {
+    previous: String,
+}
+
+impl StatsEnabled {
+    pub fn enable() -> anyhow::Result<Self> {
+        let previous = std::fs::read_to_string(SYSCTL)
+            .with_context(|| format!("reading {SYSCTL} (needs Linux >= 5.1)"))?;
+        std::fs::write(SYSCTL, "1").with_context(|| format!("writing {SYSCTL} (run as root)"))?;
+        Ok(Self {
+            previous: previous.trim().to_string(),
+        })
+    }
+}
+
+impl Drop for StatsEnabled {
+    fn drop(&mut self) {
+        let _ = std::fs::write(SYSCTL, &self.previous);
+    }
+}
+
+/// Run count and total run time of a tool's sampling programs.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BpfCounters {
+    pub run_time_ns: u64,
+    pub run_cnt: u64,
+}
+
+impl BpfCounters {
+    /// The counts accumulated since `earlier`.
+    pub fn since(self, earlier: BpfCounters) -> BpfCounters {
+        BpfCounters {
+            run_time_ns: self.run_time_ns.saturating_sub(earlier.run_time_ns),
+            run_cnt: self.run_cnt.saturating_sub(earlier.run_cnt),
+        }
+    }
+
+    pub fn ns_per_run(self) -> Option<f64> {
+        (self.run_cnt > 0).then(|| self.run_time_ns as f64 / self.run_cnt as f64)
+    }
+}
+
+/// IDs of the BPF programs process `pid` holds open, from the `prog_id:`
+/// lines of /proc/PID/fdinfo. Programs are matched by owner rather than by
+/// name because other people on this machine may be profiling too (this
+/// bpftool is built without the `pids` column).
+pub fn program_ids(pid: u32) -> Vec<u64> {
+    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return Vec::new();
+    };
+    let mut ids: Vec<u64> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("prog_id:"))
+                .and_then(|id| id.trim().parse().ok())
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Summed counters of the `perf_event` programs `pid` holds (only those
+/// named `name`, if given). None when it holds none yet.
+pub fn perf_event_counters(pid: u32, name: Option<&str>) -> anyhow::Result<Option<BpfCounters>> {
+    let ids = program_ids(pid);
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let output = Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output()
+        .context("running bpftool (apt install bpftool)")?;
+    if !output.status.success() {
+        bail!(
+            "`bpftool -j prog show` failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let programs: Vec<serde_json::Value> =
+        serde_json::from_slice(&output.stdout).context("parsing `bpftool -j prog show`")?;
+    let mut total: Option<BpfCounters> = None;
+    for program in &programs {
+        let field = |key: &str| program.get(key).and_then(serde_json::Value::as_u64);
+        let id = field("id").unwrap_or(0);
+        let kind = program.get("type").and_then(serde_json::Value::as_str);
+        let program_name = program.get("name").and_then(serde_json::Value::as_str);
+        if !ids.contains(&id) || kind != Some("perf_event") {
+            continue;
+        }
+        if name.is_some_and(|n| program_name != Some(n)) {
+            continue;
+        }
+        let entry = total.get_or_insert_with(BpfCounters::default);
+        entry.run_time_ns += field("run_time_ns").unwrap_or(0);
+        entry.run_cnt += field("run_cnt").unwrap_or(0);
+    }
+    Ok(total)
+}

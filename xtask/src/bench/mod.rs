@@ -1,0 +1,168 @@
+//! `cargo xtask bench [--quick] [--agent PATH]`: the agent side by side with
+//! perf, bpftrace and bcc on this machine, in one run. The full run writes
+//! BENCHMARKS.md; `--quick` runs every scenario for a second or two (a
+//! smoke test of the harness, called from `cargo xtask test`) and writes
+//! target/bench/BENCHMARKS-quick.md instead.
+
+mod bpf_stats;
+mod codec;
+mod growth;
+mod overhead;
+mod process;
+mod profilers;
+mod report;
+mod stats;
+mod tools;
+mod workloads;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// Paths and facts every scenario uses.
+pub struct Env {
+    pub agent: PathBuf,
+    /// The built workloads.
+    pub bins: PathBuf,
+    /// Scratch: logs, profiles, perf.data.
+    pub out: PathBuf,
+    pub bcc_kernel_source: Option<PathBuf>,
+    pub cpus: usize,
+}
+
+/// How long and how often: the full run or the quick smoke run.
+pub struct Plan {
+    pub quick: bool,
+    pub hz: u64,
+    /// Each workload's run under each condition.
+    pub window: Duration,
+    pub reps: usize,
+    pub process_counts: Vec<usize>,
+    pub stack_counts: Vec<u64>,
+    pub stacks_hz: u64,
+    pub stacks_window: Duration,
+    pub addresses: usize,
+    pub encode_hz: u64,
+    pub encode_window: Duration,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        let seconds = Duration::from_secs;
+        Plan {
+            quick,
+            hz: 100,
+            window: if quick { seconds(1) } else { seconds(6) },
+            reps: if quick { 1 } else { 5 },
+            process_counts: vec![1, 100, 1000],
+            stack_counts: vec![10, 1_000, 100_000],
+            stacks_hz: if quick { 1000 } else { 10_000 },
+            stacks_window: if quick { seconds(1) } else { seconds(8) },
+            addresses: if quick { 1000 } else { 20_000 },
+            // 10 kHz on each of 2 CPUs for 5 s: about 100,000 samples.
+            encode_hz: if quick { 1000 } else { 10_000 },
+            encode_window: if quick { seconds(1) } else { seconds(5) },
+        }
+    }
+}
+
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    let mut quick = false;
+    let mut agent: Option<PathBuf> = None;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--agent" => agent = Some(rest.next().context("--agent needs a path")?.into()),
+            other => bail!("bench: unknown argument {other:?} (use --quick, --agent PATH)"),
+        }
+    }
+    let uid = crate::shell::output(std::process::Command::new("id").arg("-u"));
+    if uid.is_none_or(|u| u.trim() != "0") {
+        bail!("bench loads BPF programs and runs perf system-wide: run it as root");
+    }
+    let started = Instant::now();
+    let root = crate::workspace_root();
+    tools::install()?;
+    let agent = match agent {
+        Some(path) => path,
+        None => crate::build_release()?,
+    };
+    let scratch = root.join("target/bench");
+    let env = Env {
+        agent,
+        bins: scratch.join("bin"),
+        out: scratch.join(if quick { "quick" } else { "full" }),
+        bcc_kernel_source: tools::bcc_kernel_source(&scratch)?,
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    std::fs::create_dir_all(&env.out)?;
+    tools::build_workloads(&root, &env.bins)?;
+    let plan = Plan::new(quick);
+    let _stats = bpf_stats::StatsEnabled::enable()?;
+
+    let mut results = report::Results {
+        load_before: load_average(),
+        ..report::Results::default()
+    };
+    results.overhead = overhead::run(&env, &plan);
+    let mut errors = std::mem::take(&mut results.overhead.errors);
+    let mut attempt = |what: &str, result: anyhow::Result<()>| {
+        if let Err(error) = result {
+            errors.push(format!("{what}: {error:#}"));
+        }
+    };
+    attempt(
+        "processes",
+        growth::processes(&env, &plan).map(|r| results.processes = r),
+    );
+    attempt(
+        "stacks",
+        growth::stacks(&env, &plan).map(|r| results.stacks = r),
+    );
+    attempt("CPUs", growth::cpus(&env, &plan).map(|r| results.cpus = r));
+    attempt(
+        "symbolization",
+        codec::symbolize(&env, &plan).map(|r| results.symbolize = r),
+    );
+    attempt(
+        "encoding",
+        codec::encoding(&env, &plan).map(|r| results.encoding = Some(r)),
+    );
+    results.load_after = load_average();
+    results.elapsed = started.elapsed();
+    results.errors = errors;
+
+    let text = report::markdown(&env, &plan, &results);
+    println!("{text}");
+    let path = if quick {
+        scratch.join("BENCHMARKS-quick.md")
+    } else {
+        root.join("BENCHMARKS.md")
+    };
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    for (name, svg) in report::plots(&results) {
+        let file = scratch.join(name);
+        std::fs::write(&file, svg).with_context(|| format!("writing {}", file.display()))?;
+    }
+    eprintln!(
+        "bench: wrote {} in {:.0} s",
+        path.display(),
+        results.elapsed.as_secs_f64()
+    );
+    if !results.errors.is_empty() {
+        bail!(
+            "bench: {} scenario(s) failed:\n{}",
+            results.errors.len(),
+            results.errors.join("\n")
+        );
+    }
+    Ok(())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

@@ -1,0 +1,236 @@
+//! Processes the bench starts: killed when dropped (also on error paths),
+//! and watched for CPU time and peak memory while they live.
+
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+/// A child process that is killed and reaped when dropped, so a failing
+/// scenario never leaves profilers or workloads running.
+pub struct Managed {
+    child: Option<Child>,
+    pub name: String,
+    watch: Option<Watch>,
+}
+
+impl Managed {
+    pub fn spawn(command: &mut Command, name: &str) -> anyhow::Result<Self> {
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        Ok(Self {
+            child: Some(child),
+            name: name.to_string(),
+            watch: None,
+        })
+    }
+
+    /// Spawns with stdout and stderr going to `log`.
+    pub fn spawn_logged(command: &mut Command, name: &str, log: &Path) -> anyhow::Result<Self> {
+        let file =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        command
+            .stdin(Stdio::null())
+            .stdout(file.try_clone()?)
+            .stderr(file);
+        Self::spawn(command, name)
+    }
+
+    /// Starts sampling this process's CPU time and peak RSS in the
+    /// background until it exits.
+    pub fn watch(&mut self) {
+        self.watch = Some(Watch::start(self.pid()));
+    }
+
+    /// The child's stdout, if it was spawned with `Stdio::piped()`.
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.as_mut()?.stdout.take()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    pub fn exited(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+        match self.child.as_mut() {
+            Some(child) => Ok(child.try_wait()?),
+            None => bail!("{} was already reaped", self.name),
+        }
+    }
+
+    /// Sends SIGINT (how every profiler here is told to stop and write).
+    pub fn interrupt(&self) -> anyhow::Result<()> {
+        let status = Command::new("kill")
+            .args(["-INT", &self.pid().to_string()])
+            .status()
+            .context("running kill")?;
+        if !status.success() {
+            bail!("kill -INT {} ({}) failed", self.pid(), self.name);
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the process to exit; kills it after that.
+    /// Returns its exit status and the last usage seen while it lived.
+    pub fn wait(mut self, timeout: Duration) -> anyhow::Result<(ExitStatus, Usage)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exited()? {
+                let usage = self.finish_watch();
+                self.child = None;
+                return Ok((status, usage));
+            }
+            if Instant::now() >= deadline {
+                bail!("{} did not exit within {timeout:?}; killed it", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn finish_watch(&mut self) -> Usage {
+        match self.watch.take() {
+            Some(watch) => watch.stop(),
+            None => Usage::default(),
+        }
+    }
+}
+
+impl Drop for Managed {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.finish_watch();
+    }
+}
+
+/// CPU time (user + system, all threads) and peak resident memory.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub peak_rss_bytes: u64,
+}
+
+/// Polls /proc/PID every 50 ms. VmHWM is the kernel's own high-water mark,
+/// so polling misses no peak; the CPU time is kept because /proc is gone
+/// once the process is reaped.
+struct Watch {
+    latest: Arc<Mutex<Usage>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watch {
+    fn start(pid: u32) -> Self {
+        let latest = Arc::new(Mutex::new(read_usage(pid).unwrap_or_default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (latest, stop) = (latest.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match read_usage(pid) {
+                        Some(usage) => {
+                            let mut l = latest.lock().expect("usage lock");
+                            l.cpu_seconds = l.cpu_seconds.max(usage.cpu_seconds);
+                            l.peak_rss_bytes = l.peak_rss_bytes.max(usage.peak_rss_bytes);
+                        }
+                        None => break,
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        Self {
+            latest,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn latest(&self) -> Usage {
+        *self.latest.lock().expect("usage lock")
+    }
+
+    fn stop(mut self) -> Usage {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        self.latest()
+    }
+}
+
+/// CPU seconds and VmHWM of a live process; None once it is gone or a
+/// zombie (whose memory numbers have been released).
+pub fn read_usage(pid: u32) -> Option<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name: state is the first,
+    // utime and stime the 12th and 13th (fields 14 and 15 of proc(5)).
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    if matches!(rest.first(), Some(&"Z" | &"X")) {
+        return None;
+    }
+    let ticks: u64 = rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())?;
+    Some(Usage {
+        cpu_seconds: ticks as f64 / clock_ticks_per_second(),
+        peak_rss_bytes: hwm_kib * 1024,
+    })
+}
+
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        crate::shell::output(Command::new("getconf").arg("CLK_TCK"))
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// Polls `ready` every 50 ms until it is true, the process exits, or
+/// `timeout` passes; the error quotes the end of the process's log.
+pub fn wait_until(
+    process: &mut Managed,
+    log: &Path,
+    timeout: Duration,
+    mut ready: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        if let Some(status) = process.exited()? {
+            bail!(
+                "{} exited ({status}) before it was ready:\n{}",
+                process.name,
+                log_tail(log)
+            );
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "{} was not ready within {timeout:?}:\n{}",
+                process.name,
+                log_tail(log)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The last lines of a log file, for error messages.
+pub fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(12)..].join("\n")
+}

@@ -1,0 +1,525 @@
+//! The results as Markdown (printed and written to BENCHMARKS.md), the
+//! PASS/MISS verdicts on the project's targets, and SVG growth plots.
+
+use std::fmt::Write;
+use std::process::Command;
+use std::time::Duration;
+
+use super::codec::{EncodingRow, SymbolizeRow};
+use super::growth::GrowthRow;
+use super::overhead::Overhead;
+use super::profilers::Tool;
+use super::stats::{Summary, mib};
+use super::workloads::Workload;
+use super::{Env, Plan};
+
+#[derive(Default)]
+pub struct Results {
+    pub overhead: Overhead,
+    pub processes: Vec<GrowthRow>,
+    pub stacks: Vec<GrowthRow>,
+    pub cpus: Vec<GrowthRow>,
+    pub symbolize: Vec<SymbolizeRow>,
+    pub encoding: Option<EncodingRow>,
+    pub load_before: String,
+    pub load_after: String,
+    pub elapsed: Duration,
+    pub errors: Vec<String>,
+}
+
+const RSS_LIMIT_MIB: f64 = 64.0;
+/// "Flat": the per-sample cost at 1,000 processes within this factor of
+/// the cost at 1 (the machine is shared; smaller factors are noise).
+const FLAT_FACTOR: f64 = 2.0;
+
+fn shell(command: &str, args: &[&str]) -> String {
+    crate::shell::output(Command::new(command).args(args))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn opt(value: Option<f64>, digits: usize, unit: &str) -> String {
+    value.map_or("–".into(), |v| format!("{v:.digits$}{unit}"))
+}
+
+pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
+    let mut md = String::new();
+    let o = &r.overhead;
+    let _ = writeln!(md, "# Benchmarks\n");
+    if plan.quick {
+        let _ = writeln!(
+            md,
+            "**Quick smoke run** (`--quick`): one repetition of about a second per scenario. \
+             It proves the harness works; its numbers mean nothing.\n"
+        );
+    }
+    let _ = writeln!(
+        md,
+        "Measured in one run of `cargo xtask bench{}` on {}.\n\n\
+         - kernel {}, {} CPUs ({}), {} GiB memory; no hardware PMU (software CPU clock)\n\
+         - perf {}, bpftrace {}, bcc {}, agent `{}`\n\
+         - load average before / after: {} / {}; the machine is shared with other builds and \
+           tests, so absolute numbers are noisy: compare the ratios, taken pairwise in the \
+           same repetition\n\
+         - {} repetitions of {} s per workload and condition, conditions alternated (order \
+           rotated each repetition); medians with (min–max); run took {:.0} min\n\
+         - `kernel.bpf_stats_enabled=1` throughout (for every condition alike)\n",
+        if plan.quick { " --quick" } else { "" },
+        shell("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        shell("uname", &["-r"]),
+        env.cpus,
+        cpu_model(),
+        memory_gib(),
+        shell("perf", &["--version"]).trim_start_matches("perf version "),
+        shell("bpftrace", &["--version"]).trim_start_matches("bpftrace "),
+        shell("dpkg-query", &["-W", "-f", "${Version}", "bpfcc-tools"]),
+        env.agent.display(),
+        r.load_before,
+        r.load_after,
+        plan.reps,
+        plan.window.as_secs_f64(),
+        r.elapsed.as_secs_f64() / 60.0,
+    );
+    if env.bcc_kernel_source.is_some() {
+        let _ = writeln!(
+            md,
+            "bcc compiles against Debian's newest `linux-headers-*-amd64` (this kernel has no \
+             headers package); its `profile` program uses only UAPI structures.\n"
+        );
+    }
+
+    // 1. Overhead.
+    let _ = writeln!(md, "## 1. Overhead on the profiled program\n");
+    let _ = writeln!(
+        md,
+        "Throughput under each profiler (system-wide, {} Hz) divided by the unprofiled \
+         throughput of the same repetition; 1.000 = no loss.\n",
+        plan.hz
+    );
+    let profilers = &Tool::ALL[1..];
+    let _ = write!(md, "| workload | unprofiled ops/s |");
+    for t in profilers {
+        let _ = write!(md, " {} |", t.name());
+    }
+    let _ = writeln!(md, "\n|---|---|{}", "---|".repeat(profilers.len()));
+    for w in Workload::ALL {
+        let base = o
+            .rates_of(Tool::None, w)
+            .map_or("–".into(), |s| s.show(1.0, 0, ""));
+        let _ = write!(md, "| {} | {base} |", w.name());
+        for &t in profilers {
+            let cell = o
+                .ratios(t, w)
+                .map_or("not measured".into(), |s| s.show(1.0, 3, ""));
+            let _ = write!(md, " {cell} |");
+        }
+        let _ = writeln!(md);
+    }
+    let _ = writeln!(md, "\nCommands:\n");
+    for t in profilers {
+        let _ = writeln!(md, "- {}: `{}`", t.name(), t.command_line(plan.hz));
+    }
+
+    // 2. The profilers' own cost.
+    let _ = writeln!(md, "\n## 2. The profiler's own cost\n");
+    let _ = writeln!(
+        md,
+        "CPU: the profiler process's user+system CPU seconds per wall second while a workload \
+         ran (from /proc/PID/stat). Whole run: its CPU seconds from start to exit (start-up, \
+         bcc's compile, writing the output). Peak RSS: VmHWM. BPF: run_time_ns / run_cnt of \
+         its perf_event programs (`bpftool -j prog show`), per sample, idle samples included; \
+         that time is charged to the interrupted task, not the profiler.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| tool | CPU s per wall s | CPU s, whole run | peak RSS MiB | BPF ns per sample | BPF CPU share of one core |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for &t in profilers {
+        let windows = o.window_costs(t);
+        let cpu = Summary::of(&windows.iter().map(|w| w.cpu_per_wall).collect::<Vec<_>>());
+        let bpf = bpf_ns(o, t);
+        let bpf_share = Summary::of(
+            &windows
+                .iter()
+                .filter_map(|w| w.bpf.map(|b| b.run_time_ns as f64 / (w.wall_seconds * 1e9)))
+                .collect::<Vec<_>>(),
+        );
+        let runs: Vec<_> = o.runs.iter().filter(|x| x.0 == t).collect();
+        let rss = Summary::of(&runs.iter().map(|x| mib(x.1)).collect::<Vec<_>>());
+        let whole = Summary::of(&runs.iter().map(|x| x.2).collect::<Vec<_>>());
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} |",
+            t.name(),
+            cpu.map_or("–".into(), |s| s.show(100.0, 2, " %")),
+            whole.map_or("–".into(), |s| s.show(1.0, 2, "")),
+            rss.map_or("–".into(), |s| s.show(1.0, 1, "")),
+            if t.loads_bpf() {
+                bpf.map_or("–".into(), |s| s.show(1.0, 0, ""))
+            } else {
+                "no BPF".into()
+            },
+            bpf_share.map_or("–".into(), |s| s.show(100.0, 3, " %")),
+        );
+    }
+
+    // 3. Growth.
+    let _ = writeln!(md, "\n## 3. How the agent's cost grows\n");
+    let _ = writeln!(
+        md,
+        "Agent alone, system-wide. µs per sample: the agent process's CPU time divided by \
+         its BPF program's runs in the window. Extra load from other users of the machine \
+         is sampled too.\n"
+    );
+    growth_table(&mut md, "Processes", &r.processes);
+    growth_table(&mut md, "Distinct stacks", &r.stacks);
+    growth_table(&mut md, "Busy CPUs", &r.cpus);
+    if let Some(per_sample) = r.cpus.last().and_then(|row| row.cost.user_us_per_sample()) {
+        let bpf = r
+            .cpus
+            .last()
+            .and_then(|row| row.cost.bpf?.ns_per_run())
+            .unwrap_or(0.0);
+        let rate = 64.0 * plan.hz as f64;
+        let _ = writeln!(
+            md,
+            "Extrapolated to 64 busy CPUs at {} Hz ({rate:.0} samples/s), with the per-sample \
+             costs of the {}-CPU run: agent {:.1} % of one core, BPF {:.2} % of one core spread \
+             over the 64 (if per-sample cost stays flat, as the rows above test).\n",
+            plan.hz,
+            env.cpus,
+            rate * per_sample / 1e4,
+            rate * bpf / 1e7,
+        );
+    }
+
+    // 4. Symbolization and encoding.
+    let _ = writeln!(md, "## 4. Symbolization and encoding\n");
+    let _ = writeln!(
+        md,
+        "One invocation per tool with every address (`profiler-agent symbolize --binary BIN \
+         ADDR...` and `addr2line -f -C -i -e BIN` reading stdin), addresses picked inside the \
+         binary's function symbols. PCs/s = addresses / wall time, parsing included; start-up \
+         = the same with one address.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| binary | functions | addresses | agent PCs/s | addr2line PCs/s | agent start-up s | addr2line start-up s |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    for s in &r.symbolize {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} |",
+            s.binary,
+            s.functions,
+            s.addresses,
+            s.addresses as f64 / s.agent_all,
+            s.addresses as f64 / s.addr2line_all,
+            s.agent_one,
+            s.addr2line_one
+        );
+    }
+    let _ = writeln!(
+        md,
+        "| Go binary vs `debug/gosym` | – | – | not yet | – | – | – |\n"
+    );
+    if let Some(e) = &r.encoding {
+        let _ = writeln!(
+            md,
+            "A window of {} samples ({} Hz on both CPUs for {} s, one process with 1,000 \
+             distinct stacks, `--pid` / `perf record -p`): the agent from SIGINT to exit (symbolize, build, encode, write; up to 0.1 s of it is the \
+             agent's poll interval) against perf recording the same duration and rate \
+             ({} samples) and `perf script` turning it into text.\n",
+            e.agent_samples, e.hz, e.window_seconds, e.perf_samples
+        );
+        let _ = writeln!(md, "| output | size | time s |");
+        let _ = writeln!(md, "|---|---|---|");
+        let _ = writeln!(
+            md,
+            "| agent pprof (.pb.gz) | {:.1} KiB | {:.2} |",
+            e.pprof_bytes as f64 / 1024.0,
+            e.agent_finish_seconds
+        );
+        let _ = writeln!(md, "| perf.data | {:.1} MiB | – |", mib(e.perf_data_bytes));
+        let _ = writeln!(
+            md,
+            "| `perf script` text | {:.1} MiB | {:.2} |\n",
+            mib(e.perf_script_bytes),
+            e.perf_script_seconds
+        );
+    }
+
+    // 5. Probes.
+    let _ = writeln!(md, "## 5. Probes\n");
+    let _ = writeln!(
+        md,
+        "| probe overhead (uprobe/USDT latency histograms) vs bpftrace | not yet |\n|---|---|\n"
+    );
+
+    // Targets.
+    let _ = writeln!(md, "## Targets\n");
+    let _ = writeln!(md, "```");
+    for line in verdicts(plan, r) {
+        let _ = writeln!(md, "{line}");
+    }
+    let _ = writeln!(md, "```\n");
+    if !r.errors.is_empty() {
+        let _ = writeln!(md, "## Failed scenarios\n");
+        for e in &r.errors {
+            let _ = writeln!(md, "- {}", e.replace('\n', " / "));
+        }
+    }
+    md
+}
+
+fn bpf_ns(o: &Overhead, tool: Tool) -> Option<Summary> {
+    Summary::of(
+        &o.window_costs(tool)
+            .iter()
+            .filter_map(|w| w.bpf?.ns_per_run())
+            .collect::<Vec<_>>(),
+    )
+}
+
+fn memory_gib() -> String {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or("?".into(), |kib| format!("{:.0}", kib / 1024.0 / 1024.0))
+}
+
+fn growth_table(md: &mut String, title: &str, rows: &[GrowthRow]) {
+    let _ = writeln!(md, "**{title}**\n");
+    if rows.is_empty() {
+        let _ = writeln!(md, "not measured (see failed scenarios)\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "| configuration | Hz | samples (BPF runs) | agent CPU % of a core | agent µs per sample | BPF ns per sample | peak RSS MiB | processes in profile | stacks in profile | lost |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+    for row in rows {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {:.2} | {} | {} | {:.1} | {} | {} | {} |",
+            row.label,
+            row.hz,
+            row.cost.bpf.map_or(0, |b| b.run_cnt),
+            row.cost.cpu_per_wall * 100.0,
+            opt(row.cost.user_us_per_sample(), 1, ""),
+            opt(row.cost.bpf.and_then(|b| b.ns_per_run()), 0, ""),
+            mib(row.peak_rss_bytes),
+            row.report.processes,
+            row.stacks_in_profile.map_or("–".into(), |s| s.to_string()),
+            row.report.lost,
+        );
+    }
+    let _ = writeln!(md);
+}
+
+/// One PASS/MISS line per target (MISS when it could not be measured).
+pub fn verdicts(plan: &Plan, r: &Results) -> Vec<String> {
+    let o = &r.overhead;
+    let mut lines = Vec::new();
+    let mut verdict = |ok: Option<bool>, text: String| {
+        let word = match ok {
+            Some(true) => "PASS",
+            Some(false) => "MISS",
+            None => "MISS (not measured)",
+        };
+        lines.push(format!("{word:<5} {text}"));
+    };
+    for w in Workload::ALL {
+        let ratio = o.ratios(Tool::Agent, w);
+        verdict(
+            ratio.map(|s| s.median >= 0.99),
+            format!(
+                "overhead at {} Hz <= 1% on {}: median throughput ratio {}",
+                plan.hz,
+                w.short(),
+                ratio.map_or("–".into(), |s| format!("{:.3}", s.median))
+            ),
+        );
+    }
+    let one = r.processes.iter().find(|row| row.x == 1);
+    verdict(
+        one.map(|row| row.cost.cpu_per_wall <= 0.01),
+        format!(
+            "agent CPU <= 1% of one core with one busy process: {}",
+            one.map_or("–".into(), |row| format!(
+                "{:.2} %",
+                row.cost.cpu_per_wall * 100.0
+            ))
+        ),
+    );
+    let agent = bpf_ns(o, Tool::Agent).map(|s| s.median);
+    let peers: Vec<Option<f64>> = [Tool::Bpftrace, Tool::Bcc]
+        .iter()
+        .map(|&t| bpf_ns(o, t).map(|s| s.median))
+        .collect();
+    verdict(
+        match (agent, peers[0], peers[1]) {
+            (Some(a), Some(b), Some(c)) => Some(a < b && a < c),
+            _ => None,
+        },
+        format!(
+            "BPF ns per sample below bpftrace's and bcc's: agent {}, bpftrace {}, bcc {}",
+            opt(agent, 0, ""),
+            opt(peers[0], 0, ""),
+            opt(peers[1], 0, "")
+        ),
+    );
+    let rss: Vec<u64> = o
+        .runs
+        .iter()
+        .filter(|x| x.0 == Tool::Agent)
+        .map(|x| x.1)
+        .chain(
+            r.processes
+                .iter()
+                .chain(&r.cpus)
+                .map(|row| row.peak_rss_bytes),
+        )
+        .collect();
+    let max_rss = rss.iter().max().copied();
+    verdict(
+        max_rss.map(|b| mib(b) <= RSS_LIMIT_MIB),
+        format!(
+            "agent peak RSS <= {RSS_LIMIT_MIB} MiB in the {} Hz runs: max {}",
+            plan.hz,
+            max_rss.map_or("–".into(), |b| format!("{:.1} MiB", mib(b)))
+        ),
+    );
+    let cost_at = |n: u64| {
+        r.processes
+            .iter()
+            .find(|row| row.x == n)
+            .and_then(|row| row.cost.user_us_per_sample())
+    };
+    let (first, last) = (cost_at(1), cost_at(1000));
+    verdict(
+        first.zip(last).map(|(a, b)| b <= a * FLAT_FACTOR),
+        format!(
+            "agent µs per sample flat (within {FLAT_FACTOR}x) from 1 to 1,000 processes: {} -> {}",
+            opt(first, 1, " µs"),
+            opt(last, 1, " µs")
+        ),
+    );
+    lines
+}
+
+/// SVG line plots of the growth scenarios: (file name, SVG text).
+pub fn plots(r: &Results) -> Vec<(String, String)> {
+    let mut plots = Vec::new();
+    for (name, title, rows) in [
+        ("growth-processes.svg", "processes", &r.processes),
+        ("growth-stacks.svg", "distinct stacks", &r.stacks),
+    ] {
+        if rows.len() < 2 {
+            continue;
+        }
+        let points: Vec<(String, f64, f64)> = rows
+            .iter()
+            .map(|row| {
+                (
+                    row.x.to_string(),
+                    row.cost.user_us_per_sample().unwrap_or(0.0),
+                    mib(row.peak_rss_bytes),
+                )
+            })
+            .collect();
+        plots.push((name.to_string(), line_plot(title, &points)));
+    }
+    plots
+}
+
+/// Two series over the same categories: µs per sample (left) and peak
+/// RSS (right), each scaled to its own maximum.
+fn line_plot(x_title: &str, points: &[(String, f64, f64)]) -> String {
+    let (w, h, left, right, top, bottom) = (520.0, 300.0, 60.0, 60.0, 30.0, 50.0);
+    let max_us = points.iter().map(|p| p.1).fold(0.0f64, f64::max).max(1e-9);
+    let max_rss = points.iter().map(|p| p.2).fold(0.0f64, f64::max).max(1e-9);
+    let x = |i: usize| left + (w - left - right) * i as f64 / (points.len() - 1).max(1) as f64;
+    let y = |v: f64, max: f64| top + (h - top - bottom) * (1.0 - v / (max * 1.1));
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"18\" text-anchor=\"middle\">profiler-agent cost vs {x_title}</text>\n\
+         <line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
+        w / 2.0,
+        h - bottom,
+        w - right,
+        h - bottom
+    );
+    for (series, color, max, label, anchor_x) in [
+        (
+            1,
+            "#d62728",
+            max_us,
+            format!("agent µs/sample (max {max_us:.1})"),
+            left,
+        ),
+        (
+            2,
+            "#1f77b4",
+            max_rss,
+            format!("peak RSS MiB (max {max_rss:.1})"),
+            w - right,
+        ),
+    ] {
+        let path: Vec<String> = points
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let v = if series == 1 { p.1 } else { p.2 };
+                format!("{:.1},{:.1}", x(i), y(v, max))
+            })
+            .collect();
+        let _ = writeln!(
+            svg,
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>",
+            path.join(" ")
+        );
+        let anchor = if series == 1 { "start" } else { "end" };
+        let _ = writeln!(
+            svg,
+            "<text x=\"{anchor_x}\" y=\"{}\" fill=\"{color}\" text-anchor=\"{anchor}\">{label}</text>",
+            if series == 1 {
+                top - 2.0 + 14.0
+            } else {
+                top + 26.0
+            }
+        );
+    }
+    for (i, p) in points.iter().enumerate() {
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
+            x(i),
+            h - bottom + 16.0,
+            p.0
+        );
+    }
+    let _ = writeln!(
+        svg,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{x_title} (categories, not to scale)</text>\n</svg>",
+        w / 2.0,
+        h - 10.0
+    );
+    svg
+}

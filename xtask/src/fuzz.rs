@@ -1,0 +1,151 @@
+//! `cargo xtask fuzz [--seconds N] [TARGET...]`: runs every fuzz target in
+//! fuzz/ for a bounded time with cargo-fuzz (libFuzzer, nightly), seeded
+//! with real inputs. Like a benchmark, it is not part of `cargo xtask test`;
+//! crashing inputs land in fuzz/artifacts/TARGET/ and become regression
+//! tests beside the parser they broke.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use super::shell::{output, run};
+use super::workspace_root;
+
+const TARGETS: &[&str] = &["elf_object", "go_pclntab", "usdt_notes", "text_parsers"];
+
+pub fn fuzz(args: &[String]) -> anyhow::Result<()> {
+    let mut seconds = 60u64;
+    let mut targets: Vec<&str> = Vec::new();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        match arg.as_str() {
+            "--seconds" => {
+                seconds = rest
+                    .next()
+                    .and_then(|s| s.parse().ok())
+                    .context("--seconds takes a whole number")?;
+            }
+            name if TARGETS.contains(&name) => {
+                targets.push(TARGETS[TARGETS.iter().position(|t| *t == name).unwrap()])
+            }
+            other => bail!("unknown fuzz argument {other:?}; targets are {TARGETS:?}"),
+        }
+    }
+    if targets.is_empty() {
+        targets = TARGETS.to_vec();
+    }
+    ensure_cargo_fuzz()?;
+    let fuzz_dir = workspace_root().join("fuzz");
+    seed_corpus(&fuzz_dir)?;
+    let mut crashed = Vec::new();
+    for target in targets {
+        let status = Command::new("cargo")
+            .args(["+nightly", "fuzz", "run", target])
+            .arg(fuzz_dir.join("corpus").join(target))
+            .args([
+                "--",
+                &format!("-max_total_time={seconds}"),
+                "-max_len=131072",
+                "-rss_limit_mb=4096",
+                "-print_final_stats=1",
+            ])
+            .current_dir(workspace_root())
+            .status()
+            .with_context(|| format!("running cargo fuzz run {target}"))?;
+        if !status.success() {
+            crashed.push(target);
+        }
+    }
+    if !crashed.is_empty() {
+        bail!("fuzz targets found crashes: {crashed:?} (inputs in fuzz/artifacts/)");
+    }
+    eprintln!("xtask: every fuzz target ran {seconds} s without a crash");
+    Ok(())
+}
+
+fn ensure_cargo_fuzz() -> anyhow::Result<()> {
+    if output(Command::new("cargo").args(["+nightly", "fuzz", "--version"])).is_some() {
+        return Ok(());
+    }
+    run(Command::new("cargo").args(["+nightly", "install", "cargo-fuzz", "--locked"]))
+        .context("installing cargo-fuzz from crates.io")
+}
+
+/// Seeds each target's corpus with real inputs: the agent binary and a C
+/// fixture (ELF, DWARF), the `.gopclntab` of a Go binary, a USDT fixture,
+/// and this machine's /proc text.
+fn seed_corpus(fuzz_dir: &Path) -> anyhow::Result<()> {
+    let corpus = fuzz_dir.join("corpus");
+    let root = workspace_root();
+    let dir = |target: &str| -> anyhow::Result<std::path::PathBuf> {
+        let dir = corpus.join(target);
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    };
+    let scratch = root.join("target/fuzz-seeds");
+    std::fs::create_dir_all(&scratch)?;
+
+    // Small ELF files: a C fixture with and without debug info.
+    let c = scratch.join("hot");
+    run(Command::new("cc")
+        .args(["-O2", "-g", "-o"])
+        .arg(&c)
+        .arg(root.join("tests/fixtures/c/inlined.c")))?;
+    std::fs::copy(&c, dir("elf_object")?.join("inlined-debug"))?;
+    std::fs::copy(&c, dir("usdt_notes")?.join("no-notes"))?;
+
+    // A USDT fixture, if the headers are installed (cargo xtask setup --tests).
+    let usdt = scratch.join("usdt");
+    if Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&usdt)
+        .arg(root.join("tests/fixtures/usdt/probes.c"))
+        .arg(root.join("tests/fixtures/usdt/semaphores.c"))
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        std::fs::copy(&usdt, dir("usdt_notes")?.join("probes"))?;
+    }
+
+    // The .gopclntab of a small Go program (Debian's Go 1.19).
+    let go_bin = scratch.join("go-unwind");
+    let built = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&go_bin)
+        .arg(".")
+        .current_dir(root.join("tests/fixtures/go-unwind"))
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .status()
+        .is_ok_and(|s| s.success());
+    if built {
+        let table = scratch.join("gopclntab");
+        run(Command::new("objcopy")
+            .args(["-O", "binary", "--only-section=.gopclntab"])
+            .arg(&go_bin)
+            .arg(&table))?;
+        let bytes = std::fs::read(&table)?;
+        // libFuzzer's -max_len: keep the header and the first functions.
+        let cut = bytes.len().min(131_072);
+        std::fs::write(dir("go_pclntab")?.join("go1.19"), &bytes[..cut])?;
+    }
+
+    let text = dir("text_parsers")?;
+    for (name, source) in [("maps", "/proc/self/maps"), ("kallsyms", "/proc/kallsyms")] {
+        if let Ok(content) = std::fs::read_to_string(source) {
+            let cut: String = content.lines().take(200).collect::<Vec<_>>().join("\n");
+            std::fs::write(text.join(name), cut)?;
+        }
+    }
+    for (name, spec) in [
+        ("arg-reg", "-4@%edi"),
+        ("arg-mem", "-4@(%rcx,%rax,4)"),
+        ("arg-rip", "-4@40+Sym(%rip)"),
+        ("arg-arm", "8@[sp, 16]"),
+        ("spec", "usdt:/usr/bin/python3.11:python:gc__start"),
+    ] {
+        std::fs::write(text.join(name), spec)?;
+    }
+    Ok(())
+}
