@@ -339,7 +339,9 @@ mod tests {
     /// replayed exactly as the target ran them.
     #[test]
     fn fuzz_regressions_elf_object() {
-        let inputs: [&[u8]; 1] = [include_bytes!("../../testdata/fuzz/elf_object-crash-140b8fa9")];
+        let inputs: [&[u8]; 1] = [include_bytes!(
+            "../../testdata/fuzz/elf_object-crash-140b8fa9"
+        )];
         for data in inputs {
             if let Ok(object) = ElfObject::parse(data) {
                 for address in [0, 0x1000, 0x401000, u64::MAX / 2, u64::MAX] {

@@ -62,7 +62,12 @@ impl ElfObject {
     /// a panic of the agent.
     pub fn parse(data: &[u8]) -> Result<Self, ElfError> {
         let data: super::FileBytes = std::sync::Arc::new(data.to_vec());
-        guard(|| Ok(Self::from_file(&object::File::parse((*data).as_ref())?, &data)))
+        guard(|| {
+            Ok(Self::from_file(
+                &object::File::parse((*data).as_ref())?,
+                &data,
+            ))
+        })
     }
 
     /// Builds the lookup tables of an already parsed file whose bytes are

@@ -63,7 +63,11 @@ impl ElfSymbols {
             // The name is a slice of `data` (object reads without copying):
             // keep where it is, not the text.
             let offset = (name.as_ptr() as usize).wrapping_sub(base);
-            if name.is_empty() || offset.checked_add(name.len()).is_none_or(|end| end > bytes.len()) {
+            if name.is_empty()
+                || offset
+                    .checked_add(name.len())
+                    .is_none_or(|end| end > bytes.len())
+            {
                 return;
             }
             let entry = Entry {
