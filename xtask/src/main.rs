@@ -113,7 +113,14 @@ fn test() -> anyhow::Result<()> {
     );
     let end_to_end = run_tests(
         cargo()
-            .args(["test", "-p", "profiler-tests", "--", "--test-threads=1"])
+            .args([
+                "test",
+                "-p",
+                "profiler-tests",
+                "--no-fail-fast",
+                "--",
+                "--test-threads=1",
+            ])
             .env("PROFILER_AGENT_BIN", &agent),
         &mut counts,
     );

@@ -329,6 +329,13 @@ impl Agent {
                 &mut self.summary,
             );
             self.finish_due_pulls(Instant::now());
+            // The window is exported: processes that exited are no longer
+            // needed, nor objects only they mapped.
+            let recorder = self.recorder.as_mut().expect("a recorder while running");
+            let forgotten = recorder.evict_exited();
+            if forgotten > 0 {
+                tracing::debug!(forgotten, "evicted exited processes from the sampler");
+            }
         }
         self.window_deadline += self.config.window;
         // A long stall (a huge first symbolization) must not make windows

@@ -144,6 +144,11 @@ impl ProcessTable {
         self.processes.is_empty()
     }
 
+    /// Identities of the objects the known processes map.
+    pub fn object_ids(&self) -> std::collections::HashSet<ObjectId> {
+        self.objects.keys().copied().collect()
+    }
+
     /// Distinct object files opened so far.
     pub fn object_count(&self) -> usize {
         self.objects.len()

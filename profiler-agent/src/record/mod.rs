@@ -188,6 +188,37 @@ impl Recorder {
         )
     }
 
+    /// The in-kernel counters so far (a continuous run reports them live).
+    pub fn counters(&self) -> KernelCounters {
+        self.sampler.counters()
+    }
+
+    /// Forgets processes that have exited — call it once their last window
+    /// is built — with their unwind-table registration, and the parsed
+    /// objects no remaining process maps. Keeps a long continuous run's
+    /// memory following the live processes, not every process ever seen.
+    /// Returns how many processes were forgotten.
+    pub fn evict_exited(&mut self) -> usize {
+        let mut gone = Vec::new();
+        let forgotten = self.recording.processes.retain(|pid| {
+            let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+            if !alive {
+                gone.push(pid);
+            }
+            alive
+        });
+        if let Some(tables) = &mut self.tables {
+            for pid in gone {
+                tables.unregister(pid);
+            }
+        }
+        let mapped = self.recording.processes.object_ids();
+        self.recording
+            .symbolizer
+            .retain_objects(|id| mapped.contains(id));
+        forgotten
+    }
+
     /// Detaches from every CPU, then drains what is still in flight, so no
     /// sample taken before the stop is lost.
     pub fn finish(mut self) -> Recording {

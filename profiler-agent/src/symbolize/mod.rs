@@ -132,6 +132,19 @@ impl Symbolizer {
         }
     }
 
+    /// Drops the parsed objects `keep` rejects (no process maps them any
+    /// more), and build-id entries nothing else holds.
+    pub fn retain_objects(&mut self, keep: impl Fn(&ObjectId) -> bool) {
+        self.objects.retain(|id, _| keep(id));
+        self.by_build_id
+            .retain(|_, object| Arc::strong_count(object) > 1);
+    }
+
+    /// Number of parsed (or failed) objects held.
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
+    }
+
     /// The parsed object behind `file`, parsing it on first use.
     pub fn object(&mut self, file: &ObjectFile) -> Option<Arc<ElfObject>> {
         if let Some(parsed) = self.objects.get(&file.id) {
