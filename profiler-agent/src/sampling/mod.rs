@@ -20,6 +20,7 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 use profiler_common::{Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
 
+use crate::bpf_loading::raise_memlock_limit;
 use crate::unwind::UnwindTables;
 
 /// The compiled BPF object, built by this crate's build script.
@@ -100,7 +101,6 @@ impl Sampler {
                 max: MAX_PID_FILTER as usize,
             });
         }
-        // Kernels before 5.11 charge BPF maps to RLIMIT_MEMLOCK.
         raise_memlock_limit();
 
         let filter: u8 = u8::from(!config.pids.is_empty());
@@ -252,14 +252,4 @@ fn copy_record(record: &[u8], sample: &mut Sample) -> bool {
     }
     Sample::record_len(sample.user_frames as usize) <= record.len()
         && sample.kernel_frames as usize <= profiler_common::MAX_STACK_DEPTH
-}
-
-fn raise_memlock_limit() {
-    let unlimited = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: plain syscall with a valid struct; failure only matters on
-    // old kernels, where loading reports it.
-    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
 }

@@ -44,3 +44,18 @@ pub trait Resolver: Send + Sync {
         None
     }
 }
+
+/// A shared resolver (the same Go table serves symbols and unwinding).
+impl<T: Resolver + ?Sized> Resolver for std::sync::Arc<T> {
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+
+    fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
+        (**self).resolve(address)
+    }
+
+    fn unwind_rows(&self) -> Option<crate::unwind::TableRows> {
+        (**self).unwind_rows()
+    }
+}

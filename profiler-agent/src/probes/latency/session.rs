@@ -13,6 +13,7 @@ use profiler_common::latency::{
 };
 
 use super::plan::{Plan, Role};
+use crate::bpf_loading::{error_chain, raise_memlock_limit};
 use crate::probes::attach::{AttachError, AttachedUprobe, UprobePmu, attach_uprobe};
 
 /// The compiled latency BPF object, built by this crate's build script.
@@ -239,30 +240,4 @@ impl Session {
             .collect();
         Snapshot { keys, counters }
     }
-}
-
-fn raise_memlock_limit() {
-    let unlimited = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: plain syscall with a valid struct; only old kernels (< 5.11)
-    // charge BPF maps to RLIMIT_MEMLOCK, where loading reports a failure.
-    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
-}
-
-/// The error and its sources on one line (verifier logs and errnos live in
-/// aya's sources).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }

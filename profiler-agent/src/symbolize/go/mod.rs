@@ -31,7 +31,6 @@ mod tests;
 
 use std::borrow::Cow;
 use std::path::Path;
-use std::sync::Arc;
 
 use super::frame::{Frame, Resolver};
 
@@ -382,20 +381,6 @@ pub fn name_for_print(name: &str) -> Cow<'_, str> {
 }
 
 impl Resolver for GoSymbols {
-    fn kind(&self) -> &'static str {
-        "go-pclntab"
-    }
-
-    fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
-        self.frames(address)
-    }
-
-    fn unwind_rows(&self) -> Option<crate::unwind::TableRows> {
-        crate::unwind::go::rows_for(self)
-    }
-}
-
-impl Resolver for Arc<GoSymbols> {
     fn kind(&self) -> &'static str {
         "go-pclntab"
     }
