@@ -316,18 +316,10 @@ impl Agent {
             self.counters = KernelCounterReader::open();
             self.metrics.sampler_restarts.fetch_add(1, Relaxed);
         } else {
-            let recorder = self.recorder.as_mut().expect("a recorder while running");
-            let mut symbols = Symbols::Live(recorder);
-            export_window(
-                &mut symbols,
-                &mut self.meta,
-                &mut self.window,
-                &self.node,
-                &self.config,
-                &self.exporters,
-                &self.metrics,
-                &mut self.summary,
-            );
+            // Out of `self` while it symbolizes, so the method can borrow the rest.
+            let mut recorder = self.recorder.take().expect("a recorder while running");
+            self.export_window(&mut Symbols::Live(&mut recorder));
+            self.recorder = Some(recorder);
             self.finish_due_pulls(Instant::now());
             // The window is exported: processes that exited are no longer
             // needed, nor objects only they mapped.
