@@ -842,3 +842,58 @@ pub fn build_go_latency_fixture() -> PathBuf {
     );
     out
 }
+
+/// A CA and a certificate for 127.0.0.1 signed by it (openssl CLI).
+pub fn make_certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let openssl = |args: &[&str]| {
+        let output = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running openssl");
+        assert!(
+            output.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509", "-keyout", "ca.key", "-out", "ca.pem"];
+    ca.extend(ec);
+    ca.extend(["-days", "2", "-subj", "/CN=profiler-agent test CA"]);
+    openssl(&ca);
+    let mut csr = vec!["req", "-keyout", "server.key", "-out", "server.csr"];
+    csr.extend(ec);
+    csr.extend(["-subj", "/CN=127.0.0.1"]);
+    openssl(&csr);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
+}

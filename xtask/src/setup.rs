@@ -62,6 +62,7 @@ pub fn ensure(tier: Tier) -> anyhow::Result<()> {
         apt.install(TEST_PACKAGES)?;
         ensure_go_toolchains()?;
         ensure_kubernetes_validate()?;
+        ensure_grpcio()?;
         ensure_rust_target("aarch64-unknown-linux-gnu")?;
     }
     Ok(())
@@ -160,6 +161,30 @@ fn ensure_kubernetes_validate() -> anyhow::Result<()> {
         &format!("kubernetes-validate=={KUBERNETES_VALIDATE_VERSION}"),
     ]))
     .context("installing kubernetes-validate from PyPI")
+}
+
+/// PyPI `grpcio` in a venv next to kubernetes-validate's: the OTLP gRPC
+/// test's receiver is a real gRPC server (tests/fixtures/otlp), not our
+/// own framing on both ends.
+const GRPCIO_VERSION: &str = "1.85.1";
+
+fn ensure_grpcio() -> anyhow::Result<()> {
+    let dir = cache_dir()?.join("grpcio");
+    let python = dir.join("bin/python");
+    let reported =
+        output(Command::new(&python).args(["-c", "import grpc; print(grpc.__version__)"]))
+            .unwrap_or_default();
+    if reported.trim() == GRPCIO_VERSION {
+        return Ok(());
+    }
+    run(Command::new("python3").arg("-m").arg("venv").arg(&dir))
+        .context("creating a Python venv for grpcio (apt install python3-venv)")?;
+    run(Command::new(dir.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        &format!("grpcio=={GRPCIO_VERSION}"),
+    ]))
+    .context("installing grpcio from PyPI")
 }
 
 fn ensure_rust_target(target: &str) -> anyhow::Result<()> {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
+use crate::continuous::config::OtlpProtocol;
 use crate::continuous::{Agent, Config, LogFormat, Overrides};
 use crate::export::Metrics;
 use crate::sampling::check_privileges;
@@ -108,6 +109,37 @@ pub struct RunArgs {
     /// Attempts per window [default: 5].
     #[arg(long, env = "PROFILER_AGENT_PYROSCOPE_MAX_ATTEMPTS")]
     pub pyroscope_max_attempts: Option<u32>,
+    /// OTLP profiles receiver URL ("" = off), e.g. http://collector:4318.
+    #[arg(long, env = "PROFILER_AGENT_OTLP_URL", value_name = "URL")]
+    pub otlp_url: Option<String>,
+    /// grpc or http/protobuf [default: http/protobuf].
+    #[arg(long, env = "PROFILER_AGENT_OTLP_PROTOCOL")]
+    pub otlp_protocol: Option<OtlpProtocol>,
+    /// OTLP tenant, sent as X-Scope-OrgID.
+    #[arg(long, env = "PROFILER_AGENT_OTLP_TENANT_ID")]
+    pub otlp_tenant_id: Option<String>,
+    #[arg(long, env = "PROFILER_AGENT_OTLP_BASIC_AUTH_USERNAME")]
+    pub otlp_basic_auth_username: Option<String>,
+    #[arg(
+        long,
+        env = "PROFILER_AGENT_OTLP_BASIC_AUTH_PASSWORD",
+        hide_env_values = true
+    )]
+    pub otlp_basic_auth_password: Option<String>,
+    #[arg(long, env = "PROFILER_AGENT_OTLP_BEARER_TOKEN", hide_env_values = true)]
+    pub otlp_bearer_token: Option<String>,
+    /// PEM CA certificates to trust for https.
+    #[arg(long, env = "PROFILER_AGENT_OTLP_CA_FILE", value_name = "FILE", value_parser = any_path)]
+    pub otlp_ca_file: Option<PathBuf>,
+    /// Per request [default: 10s].
+    #[arg(long, env = "PROFILER_AGENT_OTLP_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub otlp_timeout: Option<Duration>,
+    /// Windows queued while the receiver is slow or down [default: 8].
+    #[arg(long, env = "PROFILER_AGENT_OTLP_QUEUE_SIZE")]
+    pub otlp_queue_size: Option<usize>,
+    /// Attempts per window [default: 5].
+    #[arg(long, env = "PROFILER_AGENT_OTLP_MAX_ATTEMPTS")]
+    pub otlp_max_attempts: Option<u32>,
 }
 
 /// A path that may be empty ("" switches an exporter off), which clap's
@@ -143,6 +175,16 @@ impl RunArgs {
             pyroscope_timeout: self.pyroscope_timeout,
             pyroscope_queue_size: self.pyroscope_queue_size,
             pyroscope_max_attempts: self.pyroscope_max_attempts,
+            otlp_url: self.otlp_url.clone(),
+            otlp_protocol: self.otlp_protocol,
+            otlp_tenant_id: self.otlp_tenant_id.clone(),
+            otlp_basic_auth_username: self.otlp_basic_auth_username.clone(),
+            otlp_basic_auth_password: self.otlp_basic_auth_password.clone(),
+            otlp_bearer_token: self.otlp_bearer_token.clone(),
+            otlp_ca_file: self.otlp_ca_file.clone(),
+            otlp_timeout: self.otlp_timeout,
+            otlp_queue_size: self.otlp_queue_size,
+            otlp_max_attempts: self.otlp_max_attempts,
         }
     }
 }

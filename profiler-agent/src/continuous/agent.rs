@@ -16,6 +16,7 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::export::directory::DirectoryExporter;
+use crate::export::otlp::OtlpExporter;
 use crate::export::pyroscope::PyroscopeExporter;
 use crate::export::server::{PullRequest, Server};
 use crate::export::{Batch, ExporterHandle, Metrics, ServiceProfile};
@@ -537,6 +538,7 @@ fn export_window(
             service,
             labels,
             pprof: Arc::new(pprof),
+            profile: Arc::new(profile),
         });
     }
     metrics.windows.fetch_add(1, Relaxed);
@@ -606,6 +608,17 @@ fn start_exporters(config: &Config, metrics: &Metrics) -> Result<Vec<ExporterHan
         exporters.push(
             ExporterHandle::spawn(exporter, p.queue_size, p.max_attempts, metrics)
                 .map_err(spawn_error("pyroscope"))?,
+        );
+    }
+    let o = &config.otlp;
+    if !o.url.is_empty() {
+        let exporter = OtlpExporter::new(o).map_err(|e| RunError::Exporter {
+            name: "otlp",
+            message: e.to_string(),
+        })?;
+        exporters.push(
+            ExporterHandle::spawn(exporter, o.queue_size, o.max_attempts, metrics)
+                .map_err(spawn_error("otlp"))?,
         );
     }
     Ok(exporters)

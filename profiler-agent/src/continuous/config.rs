@@ -59,6 +59,7 @@ pub struct Config {
     pub max_objects: usize,
     pub directory: DirectoryConfig,
     pub pyroscope: PyroscopeConfig,
+    pub otlp: OtlpConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -107,6 +108,44 @@ pub struct PyroscopeConfig {
     pub max_attempts: u32,
 }
 
+/// Exports each window as OTLP profiles (`ProfilesService/Export`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtlpConfig {
+    /// The receiver, e.g. `http://otel-collector:4318` for HTTP/protobuf
+    /// (`/v1development/profiles` is appended when the URL has no path) or
+    /// `http://otel-collector:4317` for gRPC; empty disables.
+    pub url: String,
+    pub protocol: OtlpProtocol,
+    #[serde(flatten)]
+    pub http: HttpConfig,
+    pub queue_size: usize,
+    pub max_attempts: u32,
+}
+
+/// The OTLP transports, named as `OTEL_EXPORTER_OTLP_PROTOCOL` names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum OtlpProtocol {
+    #[serde(rename = "grpc")]
+    Grpc,
+    #[default]
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+}
+
+impl std::str::FromStr for OtlpProtocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "grpc" => Ok(OtlpProtocol::Grpc),
+            "http/protobuf" => Ok(OtlpProtocol::HttpProtobuf),
+            _ => Err(format!(
+                "{s:?} is not an OTLP protocol: use grpc or http/protobuf"
+            )),
+        }
+    }
+}
+
 /// How a push exporter talks HTTP.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -140,6 +179,7 @@ impl Default for Config {
             max_objects: 4096,
             directory: DirectoryConfig::default(),
             pyroscope: PyroscopeConfig::default(),
+            otlp: OtlpConfig::default(),
         }
     }
 }
@@ -159,6 +199,18 @@ impl Default for PyroscopeConfig {
     fn default() -> Self {
         PyroscopeConfig {
             url: String::new(),
+            http: HttpConfig::default(),
+            queue_size: 8,
+            max_attempts: 5,
+        }
+    }
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        OtlpConfig {
+            url: String::new(),
+            protocol: OtlpProtocol::default(),
             http: HttpConfig::default(),
             queue_size: 8,
             max_attempts: 5,
@@ -207,6 +259,16 @@ pub struct Overrides {
     pub pyroscope_timeout: Option<Duration>,
     pub pyroscope_queue_size: Option<usize>,
     pub pyroscope_max_attempts: Option<u32>,
+    pub otlp_url: Option<String>,
+    pub otlp_protocol: Option<OtlpProtocol>,
+    pub otlp_tenant_id: Option<String>,
+    pub otlp_basic_auth_username: Option<String>,
+    pub otlp_basic_auth_password: Option<String>,
+    pub otlp_bearer_token: Option<String>,
+    pub otlp_ca_file: Option<PathBuf>,
+    pub otlp_timeout: Option<Duration>,
+    pub otlp_queue_size: Option<usize>,
+    pub otlp_max_attempts: Option<u32>,
 }
 
 impl Config {
@@ -274,6 +336,17 @@ impl Config {
         set(&mut p.http.timeout, &o.pyroscope_timeout);
         set(&mut p.queue_size, &o.pyroscope_queue_size);
         set(&mut p.max_attempts, &o.pyroscope_max_attempts);
+        let t = &mut self.otlp;
+        set(&mut t.url, &o.otlp_url);
+        set(&mut t.protocol, &o.otlp_protocol);
+        set(&mut t.http.tenant_id, &o.otlp_tenant_id);
+        set(&mut t.http.basic_auth_username, &o.otlp_basic_auth_username);
+        set(&mut t.http.basic_auth_password, &o.otlp_basic_auth_password);
+        set(&mut t.http.bearer_token, &o.otlp_bearer_token);
+        set(&mut t.http.ca_file, &o.otlp_ca_file);
+        set(&mut t.http.timeout, &o.otlp_timeout);
+        set(&mut t.queue_size, &o.otlp_queue_size);
+        set(&mut t.max_attempts, &o.otlp_max_attempts);
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -298,25 +371,45 @@ impl Config {
         if self.max_pull_seconds == 0 {
             return invalid("max_pull_seconds", "must be at least 1");
         }
-        if self.directory.queue_size == 0 || self.pyroscope.queue_size == 0 {
+        if self.directory.queue_size == 0
+            || self.pyroscope.queue_size == 0
+            || self.otlp.queue_size == 0
+        {
             return invalid("queue_size", "must be at least 1");
         }
         if self.directory.max_files == 0 {
             return invalid("directory.max_files", "must be at least 1");
         }
-        let p = &self.pyroscope;
-        let scheme_ok = p.url.starts_with("http://") || p.url.starts_with("https://");
-        if !p.url.is_empty() && !scheme_ok {
-            return invalid("pyroscope.url", "must start with http:// or https://");
-        }
-        if !p.http.bearer_token.is_empty() && !p.http.basic_auth_username.is_empty() {
-            return invalid(
+        for (key, url, http, max_attempts) in [
+            (
                 "pyroscope",
-                "set bearer_token or basic_auth_username/password, not both",
-            );
-        }
-        if p.max_attempts == 0 {
-            return invalid("pyroscope.max_attempts", "must be at least 1");
+                &self.pyroscope.url,
+                &self.pyroscope.http,
+                self.pyroscope.max_attempts,
+            ),
+            (
+                "otlp",
+                &self.otlp.url,
+                &self.otlp.http,
+                self.otlp.max_attempts,
+            ),
+        ] {
+            let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+            if !url.is_empty() && !scheme_ok {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: format!("url must start with http:// or https://, not {url:?}"),
+                });
+            }
+            if !http.bearer_token.is_empty() && !http.basic_auth_username.is_empty() {
+                return invalid(
+                    key,
+                    "set bearer_token or basic_auth_username/password, not both",
+                );
+            }
+            if max_attempts == 0 {
+                return invalid(key, "max_attempts must be at least 1");
+            }
         }
         Ok(())
     }
@@ -422,6 +515,24 @@ mod tests {
             assert!(
                 text.contains(&format!("{key} =")),
                 "pyroscope.{key} is not documented"
+            );
+        }
+        let otlp = text.split("[otlp]").nth(1).expect("an [otlp] section");
+        for key in [
+            "url",
+            "protocol",
+            "tenant_id",
+            "basic_auth_username",
+            "basic_auth_password",
+            "bearer_token",
+            "ca_file",
+            "timeout",
+            "queue_size",
+            "max_attempts",
+        ] {
+            assert!(
+                otlp.contains(&format!("{key} =")),
+                "otlp.{key} is not documented"
             );
         }
         assert!(value.contains_key("directory"));

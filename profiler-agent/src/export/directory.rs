@@ -145,6 +145,7 @@ mod tests {
                     service: s.to_string(),
                     labels: Vec::new(),
                     pprof: Arc::new(vec![0u8; size]),
+                    profile: Arc::default(),
                 })
                 .collect(),
         }

@@ -18,6 +18,8 @@ pub enum ClientError {
     },
     #[error("the CA file {path} holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)")]
     NoCertificate { path: std::path::PathBuf },
+    #[error("starting the exporter's I/O runtime: {source}")]
+    Runtime { source: std::io::Error },
 }
 
 pub struct HttpClient {
@@ -28,22 +30,11 @@ pub struct HttpClient {
 impl HttpClient {
     pub fn new(config: &HttpConfig) -> Result<HttpClient, ClientError> {
         let mut tls = TlsConfig::builder();
-        if !config.ca_file.as_os_str().is_empty() {
-            let pem = std::fs::read(&config.ca_file).map_err(|source| ClientError::ReadCa {
-                path: config.ca_file.clone(),
-                source,
-            })?;
-            let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
-                .filter_map(|item| match item {
-                    Ok(PemItem::Certificate(cert)) => Some(cert),
-                    _ => None,
-                })
+        if let Some(certs) = ca_certificates(config)? {
+            let certs: Vec<Certificate<'static>> = certs
+                .iter()
+                .map(|der| Certificate::from_der(der).to_owned())
                 .collect();
-            if certs.is_empty() {
-                return Err(ClientError::NoCertificate {
-                    path: config.ca_file.clone(),
-                });
-            }
             tls = tls.root_certs(RootCerts::new_with_certs(&certs));
         }
         let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -52,26 +43,10 @@ impl HttpClient {
             .tls_config(tls.build())
             .build()
             .into();
-        let mut headers = Vec::new();
-        if !config.tenant_id.is_empty() {
-            headers.push(("X-Scope-OrgID".into(), config.tenant_id.clone()));
-        }
-        if !config.bearer_token.is_empty() {
-            headers.push((
-                "Authorization".into(),
-                format!("Bearer {}", config.bearer_token),
-            ));
-        } else if !config.basic_auth_username.is_empty() {
-            let credentials = format!(
-                "{}:{}",
-                config.basic_auth_username, config.basic_auth_password
-            );
-            headers.push((
-                "Authorization".into(),
-                format!("Basic {}", base64(credentials.as_bytes())),
-            ));
-        }
-        Ok(HttpClient { agent, headers })
+        Ok(HttpClient {
+            agent,
+            headers: auth_headers(config),
+        })
     }
 
     /// POSTs `body`; any 2xx is success, anything else an error carrying
@@ -110,6 +85,54 @@ impl HttpClient {
             body,
         })
     }
+}
+
+/// The DER certificates of the configured CA file; None when no file is
+/// configured (the Mozilla roots are trusted then).
+pub fn ca_certificates(config: &HttpConfig) -> Result<Option<Vec<Vec<u8>>>, ClientError> {
+    if config.ca_file.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let pem = std::fs::read(&config.ca_file).map_err(|source| ClientError::ReadCa {
+        path: config.ca_file.clone(),
+        source,
+    })?;
+    let certs: Vec<Vec<u8>> = ureq::tls::parse_pem(&pem)
+        .filter_map(|item| match item {
+            Ok(PemItem::Certificate(cert)) => Some(cert.der().to_vec()),
+            _ => None,
+        })
+        .collect();
+    if certs.is_empty() {
+        return Err(ClientError::NoCertificate {
+            path: config.ca_file.clone(),
+        });
+    }
+    Ok(Some(certs))
+}
+
+/// `X-Scope-OrgID` and `Authorization` (bearer, else basic) as configured.
+pub fn auth_headers(config: &HttpConfig) -> Vec<(String, String)> {
+    let mut headers = Vec::new();
+    if !config.tenant_id.is_empty() {
+        headers.push(("X-Scope-OrgID".into(), config.tenant_id.clone()));
+    }
+    if !config.bearer_token.is_empty() {
+        headers.push((
+            "Authorization".into(),
+            format!("Bearer {}", config.bearer_token),
+        ));
+    } else if !config.basic_auth_username.is_empty() {
+        let credentials = format!(
+            "{}:{}",
+            config.basic_auth_username, config.basic_auth_password
+        );
+        headers.push((
+            "Authorization".into(),
+            format!("Basic {}", base64(credentials.as_bytes())),
+        ));
+    }
+    headers
 }
 
 /// Standard base64 with padding (RFC 4648), for basic auth.

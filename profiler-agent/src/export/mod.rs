@@ -1,17 +1,20 @@
 //! Getting profiles out of the agent: push exporters (a directory of pprof
-//! files, Pyroscope), each behind its own bounded queue and thread so a
+//! files, Pyroscope, OTLP), each behind its own bounded queue and thread so a
 //! slow or dead backend never blocks sampling, and the pull endpoints
 //! (`/debug/pprof/profile`, `/metrics`, `/healthz`, `/readyz`).
 
 pub mod directory;
 pub mod http_client;
 pub mod metrics;
+pub mod otlp;
 pub mod pyroscope;
 pub mod queue;
 pub mod server;
 
 use std::sync::Arc;
 use std::time::SystemTime;
+
+use crate::profile::Profile;
 
 pub use metrics::{ExporterStats, Metrics};
 pub use queue::{Exporter, ExporterHandle};
@@ -28,6 +31,8 @@ pub struct ServiceProfile {
     pub labels: Vec<(String, String)>,
     /// gzip-compressed pprof.
     pub pprof: Arc<Vec<u8>>,
+    /// The profile itself, for exporters that write another format (OTLP).
+    pub profile: Arc<Profile>,
 }
 
 /// Everything one window produced.
@@ -49,5 +54,12 @@ pub enum ExportError {
         url: String,
         status: u16,
         body: String,
+    },
+    #[error("{url} answered gRPC status {code} ({name}): {message}")]
+    Grpc {
+        url: String,
+        code: u16,
+        name: &'static str,
+        message: String,
     },
 }

@@ -152,6 +152,7 @@ mod tests {
                     ("node".into(), "n1".into()),
                 ],
                 pprof: Arc::new(vec![1, 2, 3]),
+                profile: Arc::default(),
             }],
         };
         let bytes = push_request(&batch).encode_to_vec();

@@ -7,6 +7,7 @@
 mod builder;
 pub mod flamegraph;
 pub mod folded;
+pub mod otlp;
 pub mod pprof;
 
 pub use builder::ProfileBuilder;

@@ -285,19 +285,19 @@ pub fn encode_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
     gz.finish()
 }
 
-/// Decodes gzip-compressed (or plain) pprof bytes.
-pub fn decode(bytes: &[u8]) -> Result<proto::Profile, prost::DecodeError> {
+/// Decodes gzip-compressed (or plain) pprof bytes; a broken gzip stream
+/// or protobuf is `InvalidData`.
+pub fn decode(bytes: &[u8]) -> std::io::Result<proto::Profile> {
     use std::io::Read;
     let mut plain = Vec::new();
     let data = if bytes.starts_with(&[0x1f, 0x8b]) {
-        flate2::read::GzDecoder::new(bytes)
-            .read_to_end(&mut plain)
-            .map_err(|e| prost::DecodeError::new(e.to_string()))?;
+        flate2::read::GzDecoder::new(bytes).read_to_end(&mut plain)?;
         &plain[..]
     } else {
         bytes
     };
     prost::Message::decode(data)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
 }
 
 #[cfg(test)]
