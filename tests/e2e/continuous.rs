@@ -464,6 +464,106 @@ fn cgroup2_root() -> PathBuf {
         .expect("a cgroup2 mount (the container test needs one)")
 }
 
+/// A stand-in Kubernetes API server: answers this node's pod list with
+/// one pod holding `container_id`, and holds watches open (no events)
+/// until dropped. Records each request's path and Authorization header.
+struct FakeApiServer {
+    port: u16,
+    requests: Arc<Mutex<Vec<(String, String)>>>,
+    stop: Arc<AtomicBool>,
+}
+
+/// A watch body that sends nothing until the server stops.
+struct HeldOpen(Arc<AtomicBool>);
+
+impl std::io::Read for HeldOpen {
+    fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+        while !self.0.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(0)
+    }
+}
+
+impl FakeApiServer {
+    fn start(node: &str, pod_uid: &str, container_id: &str) -> FakeApiServer {
+        let port = free_port();
+        let server = tiny_http::Server::http(("127.0.0.1", port)).unwrap();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        // As `kubectl get pods -o json` shows a Deployment's pod.
+        let list = serde_json::json!({
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": "4242"},
+            "items": [{
+                "metadata": {
+                    "name": "checkout-7d4b9c8f6d-x2x9q",
+                    "namespace": "shop",
+                    "uid": pod_uid,
+                    "labels": {"app.kubernetes.io/name": "checkout", "pod-template-hash": "7d4b9c8f6d"},
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "checkout-7d4b9c8f6d", "uid": "0b9d6f1e-0000-4000-8000-000000000001", "controller": true}]
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "app", "image": "checkout:1"}]},
+                "status": {
+                    "phase": "Running",
+                    "containerStatuses": [{
+                        "name": "app",
+                        "containerID": format!("containerd://{container_id}"),
+                        "ready": true,
+                        "restartCount": 0,
+                        "image": "checkout:1",
+                        "imageID": "sha256:00",
+                        "state": {"running": {"startedAt": "2026-11-22T10:00:00Z"}}
+                    }]
+                }
+            }]
+        })
+        .to_string();
+        let (log, stopped) = (requests.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let Ok(Some(request)) = server.recv_timeout(Duration::from_millis(50)) else {
+                    continue;
+                };
+                let auth = request
+                    .headers()
+                    .iter()
+                    .find(|h| h.field.equiv("Authorization"))
+                    .map(|h| h.value.to_string())
+                    .unwrap_or_default();
+                let url = request.url().to_string();
+                log.lock().unwrap().push((url.clone(), auth));
+                let json = "Content-Type: application/json"
+                    .parse::<tiny_http::Header>()
+                    .unwrap();
+                if url.contains("watch=1") || url.contains("watch=true") {
+                    let held = HeldOpen(stopped.clone());
+                    std::thread::spawn(move || {
+                        let response =
+                            tiny_http::Response::new(200.into(), vec![json], held, None, None);
+                        let _ = request.respond(response);
+                    });
+                } else {
+                    let _ = request
+                        .respond(tiny_http::Response::from_string(list.clone()).with_header(json));
+                }
+            }
+        });
+        FakeApiServer {
+            port,
+            requests,
+            stop,
+        }
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 #[test]
 fn a_process_in_its_own_namespaces_and_kubelet_cgroup_is_attributed_to_its_container() {
     let _serial = serial();
@@ -525,6 +625,10 @@ fn a_process_in_its_own_namespaces_and_kubelet_cgroup_is_attributed_to_its_conta
     let cgroup_line = std::fs::read_to_string(format!("/proc/{app_pid}/cgroup")).unwrap();
     assert!(cgroup_line.contains(&container_id), "{cgroup_line}");
 
+    // The API server knows the pod: names and the service come from it.
+    let api = FakeApiServer::start("node-k", &pod_uid, &container_id);
+    let token = dir.path().join("token");
+    std::fs::write(&token, "sa-t0ken\n").unwrap();
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let out = dir.path().join("profiles");
@@ -535,10 +639,33 @@ fn a_process_in_its_own_namespaces_and_kubelet_cgroup_is_attributed_to_its_conta
         &listen,
         "--window",
         "2s",
+        "--node",
+        "node-k",
         "--directory-path",
         out.to_str().unwrap(),
+        "--kubernetes-enabled",
+        "on",
+        "--kubernetes-api-url",
+        &format!("http://127.0.0.1:{}", api.port),
+        "--kubernetes-token-file",
+        token.to_str().unwrap(),
     ]);
     agent.wait_ready(port);
+    let pods_known = wait_for(Duration::from_secs(10), || {
+        let text = metrics(port);
+        (metric_value(&text, "profiler_agent_kubernetes_pods") == Some(1.0)).then_some(())
+    });
+    assert!(
+        pods_known.is_some(),
+        "the pod list was not read:\n{}",
+        agent.log()
+    );
+    let (first_url, first_auth) = api.requests.lock().unwrap()[0].clone();
+    assert!(
+        first_url.starts_with("/api/v1/pods?") && first_url.contains("spec.nodeName%3Dnode-k"),
+        "{first_url}"
+    );
+    assert_eq!(first_auth, "Bearer sa-t0ken");
     let (status, body) = http_get(
         port,
         "/debug/pprof/profile?seconds=3",
@@ -556,13 +683,16 @@ fn a_process_in_its_own_namespaces_and_kubelet_cgroup_is_attributed_to_its_conta
     for stack in &stacks {
         assert_eq!(stack.labels["container_id"], container_id);
         assert_eq!(stack.labels["pod_uid"], pod_uid);
-        assert_eq!(stack.labels["service_name"], "ctr-app");
+        assert_eq!(stack.labels["namespace"], "shop");
+        assert_eq!(stack.labels["pod"], "checkout-7d4b9c8f6d-x2x9q");
+        assert_eq!(stack.labels["container"], "app");
+        assert_eq!(stack.labels["service_name"], "checkout");
         assert_eq!(stack.labels["pid"], app_pid.to_string());
     }
-    // The exported window carries it too.
+    // The exported window carries it too, filed under the pod's service.
     let file = wait_for(Duration::from_secs(15), || pprof_files(&out).pop())
         .expect("a window was written");
-    assert!(file.to_string_lossy().contains("cpu-ctr-app-"), "{file:?}");
+    assert!(file.to_string_lossy().contains("cpu-checkout-"), "{file:?}");
     let written = stacks_of(&file);
     assert!(
         written

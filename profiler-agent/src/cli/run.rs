@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
-use crate::continuous::config::OtlpProtocol;
+use crate::continuous::config::{KubernetesMode, OtlpProtocol};
 use crate::continuous::{Agent, Config, LogFormat, Overrides};
 use crate::export::Metrics;
 use crate::sampling::check_privileges;
@@ -140,6 +140,21 @@ pub struct RunArgs {
     /// Attempts per window [default: 5].
     #[arg(long, env = "PROFILER_AGENT_OTLP_MAX_ATTEMPTS")]
     pub otlp_max_attempts: Option<u32>,
+    /// Pod names from the Kubernetes API: auto, on or off [default: auto].
+    #[arg(long, env = "PROFILER_AGENT_KUBERNETES_ENABLED")]
+    pub kubernetes_enabled: Option<KubernetesMode>,
+    /// API server URL [default: from KUBERNETES_SERVICE_HOST/PORT].
+    #[arg(long, env = "PROFILER_AGENT_KUBERNETES_API_URL", value_name = "URL")]
+    pub kubernetes_api_url: Option<String>,
+    /// Service account token [default: /var/run/secrets/kubernetes.io/serviceaccount/token].
+    #[arg(long, env = "PROFILER_AGENT_KUBERNETES_TOKEN_FILE", value_name = "FILE", value_parser = any_path)]
+    pub kubernetes_token_file: Option<PathBuf>,
+    /// Cluster CA [default: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt].
+    #[arg(long, env = "PROFILER_AGENT_KUBERNETES_CA_FILE", value_name = "FILE", value_parser = any_path)]
+    pub kubernetes_ca_file: Option<PathBuf>,
+    /// Per request [default: 10s].
+    #[arg(long, env = "PROFILER_AGENT_KUBERNETES_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub kubernetes_timeout: Option<Duration>,
 }
 
 /// A path that may be empty ("" switches an exporter off), which clap's
@@ -185,6 +200,11 @@ impl RunArgs {
             otlp_timeout: self.otlp_timeout,
             otlp_queue_size: self.otlp_queue_size,
             otlp_max_attempts: self.otlp_max_attempts,
+            kubernetes_enabled: self.kubernetes_enabled,
+            kubernetes_api_url: self.kubernetes_api_url.clone(),
+            kubernetes_token_file: self.kubernetes_token_file.clone(),
+            kubernetes_ca_file: self.kubernetes_ca_file.clone(),
+            kubernetes_timeout: self.kubernetes_timeout,
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::record::{ProfileWindow, Recorder, Recording, StackKey, Window, build_
 use crate::sampling::{KernelCounters, SamplingConfig, SamplingError};
 
 use super::config::Config;
-use super::kernel_counters::{self, KernelCounterReader};
+use super::kubernetes::{self, Watcher};
 use super::metadata::MetadataCache;
 
 const POLL: Duration = Duration::from_millis(100);
@@ -40,6 +40,8 @@ pub enum RunError {
     Listen(#[from] crate::export::server::ListenError),
     #[error("starting the {name} exporter: {message}")]
     Exporter { name: &'static str, message: String },
+    #[error("kubernetes metadata: {0}")]
+    Kubernetes(#[from] kubernetes::KubernetesError),
 }
 
 /// What a run did, for the final log line.
@@ -126,7 +128,7 @@ impl Totals {
 
     fn plus(self, other: Totals) -> Totals {
         Totals {
-            kernel: kernel_counters::add(&self.kernel, &other.kernel),
+            kernel: self.kernel + other.kernel,
             samples: self.samples + other.samples,
             objects_failed: self.objects_failed + other.objects_failed,
             user_unresolved: self.user_unresolved + other.user_unresolved,
@@ -141,7 +143,8 @@ pub struct Agent {
     node: String,
     metrics: Arc<Metrics>,
     recorder: Option<Recorder>,
-    counters: Option<KernelCounterReader>,
+    /// Pod metadata from the API server, when in a cluster.
+    pods: Option<Watcher>,
     /// Totals of samplers that were restarted.
     carried: Totals,
     meta: MetadataCache,
@@ -176,6 +179,9 @@ impl Agent {
         };
         metrics.ready.store(true, Relaxed);
         let node = config.node_name();
+        // Not fatal unless asked for explicitly (`enabled = "on"`): outside
+        // a cluster this is None and labels come from /proc alone.
+        let pods = kubernetes::start(&config.kubernetes, &node, Arc::new(AtomicBool::new(false)))?;
         tracing::info!(
             node = %node,
             cpus = recorder.cpus().len(),
@@ -193,9 +199,9 @@ impl Agent {
             node,
             metrics,
             recorder: Some(recorder),
-            counters: KernelCounterReader::open(),
+            meta: MetadataCache::new("/proc", pods.as_ref().map(|w| w.index.clone())),
+            pods,
             carried: Totals::default(),
-            meta: MetadataCache::default(),
             window: Accumulator::new(),
             pulls: Vec::new(),
             exporters,
@@ -314,7 +320,6 @@ impl Agent {
             self.finish_due_pulls_with(&mut Symbols::Finished(&mut recording), Instant::now());
             drop(recording);
             self.recorder = Some(Recorder::start(&self.sampling)?);
-            self.counters = KernelCounterReader::open();
             self.metrics.sampler_restarts.fetch_add(1, Relaxed);
         } else {
             // Out of `self` while it symbolizes, so the method can borrow the rest.
@@ -376,8 +381,8 @@ impl Agent {
     /// Stops the sampler (draining what is in flight) and carries its
     /// totals over.
     fn finish_recorder(&mut self) -> Recording {
-        let kernel = self.counters.take().map(|c| c.read()).unwrap_or_default();
         let recorder = self.recorder.take().expect("a recorder while running");
+        let kernel = recorder.counters();
         let recording = recorder.finish();
         // finish() read the final counters itself.
         let kernel = if recording.counters == KernelCounters::default() {
@@ -392,10 +397,7 @@ impl Agent {
     fn update_metrics(&self) {
         let m = &self.metrics;
         let live = match &self.recorder {
-            Some(recorder) => Totals::of(
-                recorder.recording(),
-                self.counters.as_ref().map(|c| c.read()).unwrap_or_default(),
-            ),
+            Some(recorder) => Totals::of(recorder.recording(), recorder.counters()),
             None => Totals::default(),
         };
         let t = self.carried.plus(live);
@@ -424,6 +426,14 @@ impl Agent {
         }
         m.metadata_cache_entries
             .store(self.meta.len() as u64, Relaxed);
+        if let Some(watcher) = &self.pods {
+            let stats = &watcher.stats;
+            m.kubernetes_pods.store(watcher.index.len() as u64, Relaxed);
+            m.kubernetes_watch_events
+                .store(stats.events.load(Relaxed), Relaxed);
+            m.kubernetes_watch_errors
+                .store(stats.errors.load(Relaxed), Relaxed);
+        }
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -460,6 +470,9 @@ impl Agent {
             }
         }
         self.server.take();
+        if let Some(watcher) = &self.pods {
+            watcher.stop();
+        }
         Ok(self.summary)
     }
 }
@@ -486,7 +499,7 @@ fn export_window(
     };
     let mut groups: HashMap<String, HashMap<StackKey, u64>> = HashMap::new();
     for (key, count) in accumulator.stacks {
-        let service = meta.get(key.pid).service.clone();
+        let service = meta.service(key.pid);
         groups.entry(service).or_default().insert(key, count);
     }
     let mut services: Vec<String> = groups.keys().cloned().collect();
@@ -521,7 +534,8 @@ fn export_window(
             ("service_name".to_string(), service.clone()),
             ("node".to_string(), node.to_string()),
         ];
-        // A service that is exactly one container gets it as a series label.
+        // A service that is exactly one container gets it (and its pod) as
+        // series labels; one that spans pods of one namespace gets that.
         let containers: Vec<_> = pids
             .iter()
             .map(|&pid| meta.get(pid).container.clone())
@@ -532,6 +546,23 @@ fn export_window(
             labels.push(("container_id".into(), first.id.clone()));
             if let Some(uid) = &first.pod_uid {
                 labels.push(("pod_uid".into(), uid.clone()));
+            }
+            if let Some(pod) = meta.pod(pids[0]) {
+                labels.push(("namespace".into(), pod.namespace));
+                labels.push(("pod".into(), pod.pod));
+                if !pod.container.is_empty() {
+                    labels.push(("container".into(), pod.container));
+                }
+            }
+        } else {
+            let namespaces: Vec<Option<String>> = pids
+                .iter()
+                .map(|&pid| meta.pod(pid).map(|p| p.namespace))
+                .collect();
+            if let Some(Some(first)) = namespaces.first()
+                && namespaces.iter().all(|n| n.as_ref() == Some(first))
+            {
+                labels.push(("namespace".into(), first.clone()));
             }
         }
         profiles.push(ServiceProfile {

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use super::kubernetes::{KubernetesConfig, KubernetesMode};
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("reading the config file {path}: {source}")]
@@ -60,6 +62,7 @@ pub struct Config {
     pub directory: DirectoryConfig,
     pub pyroscope: PyroscopeConfig,
     pub otlp: OtlpConfig,
+    pub kubernetes: KubernetesConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -180,6 +183,7 @@ impl Default for Config {
             directory: DirectoryConfig::default(),
             pyroscope: PyroscopeConfig::default(),
             otlp: OtlpConfig::default(),
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }
@@ -269,6 +273,11 @@ pub struct Overrides {
     pub otlp_timeout: Option<Duration>,
     pub otlp_queue_size: Option<usize>,
     pub otlp_max_attempts: Option<u32>,
+    pub kubernetes_enabled: Option<KubernetesMode>,
+    pub kubernetes_api_url: Option<String>,
+    pub kubernetes_token_file: Option<PathBuf>,
+    pub kubernetes_ca_file: Option<PathBuf>,
+    pub kubernetes_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -347,6 +356,12 @@ impl Config {
         set(&mut t.http.timeout, &o.otlp_timeout);
         set(&mut t.queue_size, &o.otlp_queue_size);
         set(&mut t.max_attempts, &o.otlp_max_attempts);
+        let k = &mut self.kubernetes;
+        set(&mut k.enabled, &o.kubernetes_enabled);
+        set(&mut k.api_url, &o.kubernetes_api_url);
+        set(&mut k.token_file, &o.kubernetes_token_file);
+        set(&mut k.ca_file, &o.kubernetes_ca_file);
+        set(&mut k.timeout, &o.kubernetes_timeout);
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -517,7 +532,18 @@ mod tests {
                 "pyroscope.{key} is not documented"
             );
         }
+        let kubernetes = text
+            .split("[kubernetes]")
+            .nth(1)
+            .expect("a [kubernetes] section");
+        for key in ["enabled", "api_url", "token_file", "ca_file", "timeout"] {
+            assert!(
+                kubernetes.contains(&format!("{key} =")),
+                "kubernetes.{key} is not documented"
+            );
+        }
         let otlp = text.split("[otlp]").nth(1).expect("an [otlp] section");
+        let otlp = otlp.split("[kubernetes]").next().unwrap();
         for key in [
             "url",
             "protocol",

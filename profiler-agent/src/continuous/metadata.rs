@@ -1,19 +1,22 @@
 //! What the agent knows about each sampled process beyond its stacks: the
-//! service it belongs to and its container. Read from /proc once per
-//! process, forgotten when the process has exited and its last window is
-//! out.
+//! service it belongs to, its container, and in Kubernetes its pod. The
+//! /proc part is read once per process and forgotten when the process has
+//! exited and its last window is out; the pod is looked up in the watched
+//! pod index at each use, because a container's id reaches the API server
+//! (and so the index) a moment after its first process starts.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use super::kubernetes::{PodContainer, PodIndex};
 use crate::process::{ContainerInfo, container_of};
 use crate::profile::Profile;
 
 /// One process's labels.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessMeta {
-    /// The `service_name` label: the executable's file name (no Kubernetes
-    /// metadata yet), `kernel` for kernel threads.
+    /// The executable's file name, `kernel` for kernel threads: the
+    /// `service_name` outside Kubernetes.
     pub service: String,
     pub container: Option<ContainerInfo>,
 }
@@ -22,19 +25,44 @@ pub struct ProcessMeta {
 pub struct MetadataCache {
     proc_root: PathBuf,
     entries: HashMap<u32, ProcessMeta>,
+    pods: Option<PodIndex>,
 }
 
 impl Default for MetadataCache {
     fn default() -> Self {
-        MetadataCache::new("/proc")
+        MetadataCache::new("/proc", None)
     }
 }
 
 impl MetadataCache {
-    pub fn new(proc_root: impl Into<PathBuf>) -> Self {
+    pub fn new(proc_root: impl Into<PathBuf>, pods: Option<PodIndex>) -> Self {
         MetadataCache {
             proc_root: proc_root.into(),
             entries: HashMap::new(),
+            pods,
+        }
+    }
+
+    /// The pod and container of `pid`, when it runs in a pod the API server
+    /// told us about: by container id, else (a container not yet in the
+    /// pod's status) by the pod uid of its cgroup, container name unknown.
+    pub fn pod(&mut self, pid: u32) -> Option<PodContainer> {
+        let pods = self.pods.clone()?;
+        let container = self.get(pid).container.as_ref()?;
+        pods.by_container(&container.id).or_else(|| {
+            container
+                .pod_uid
+                .as_deref()
+                .and_then(|uid| pods.by_pod_uid(uid))
+        })
+    }
+
+    /// The `service_name` of `pid`: its pod's (app labels, else the
+    /// workload's name) in Kubernetes, else its executable's name.
+    pub fn service(&mut self, pid: u32) -> String {
+        match self.pod(pid) {
+            Some(pod) if !pod.service.is_empty() => pod.service,
+            _ => self.get(pid).service.clone(),
         }
     }
 
@@ -64,21 +92,32 @@ impl MetadataCache {
     }
 
     /// Adds `service_name`, `node`, `container_id` and `pod_uid` (when
-    /// known) to every sample, next to the `pid`, `comm`, `tid` and
-    /// `thread` labels it has, so `go tool pprof -tagfocus` and backends
-    /// can slice by them.
+    /// known), and in Kubernetes `namespace`, `pod` and `container`, to
+    /// every sample, next to the `pid`, `comm`, `tid` and `thread` labels
+    /// it has, so `go tool pprof -tagfocus` and backends can slice by them.
     pub fn label(&mut self, profile: &mut Profile, node: &str) {
         for sample in &mut profile.samples {
             let Some(pid) = sample.label("pid").and_then(|p| p.parse::<u32>().ok()) else {
                 continue;
             };
-            let meta = self.get(pid).clone();
-            sample.labels.push(("service_name".into(), meta.service));
+            let service = self.service(pid);
+            let pod = self.pod(pid);
+            let meta = self.get(pid);
+            sample.labels.push(("service_name".into(), service));
             sample.labels.push(("node".into(), node.to_string()));
-            if let Some(container) = meta.container {
-                sample.labels.push(("container_id".into(), container.id));
-                if let Some(uid) = container.pod_uid {
-                    sample.labels.push(("pod_uid".into(), uid));
+            if let Some(container) = &meta.container {
+                sample
+                    .labels
+                    .push(("container_id".into(), container.id.clone()));
+                if let Some(uid) = &container.pod_uid {
+                    sample.labels.push(("pod_uid".into(), uid.clone()));
+                }
+            }
+            if let Some(pod) = pod {
+                sample.labels.push(("namespace".into(), pod.namespace));
+                sample.labels.push(("pod".into(), pod.pod));
+                if !pod.container.is_empty() {
+                    sample.labels.push(("container".into(), pod.container));
                 }
             }
         }
@@ -151,7 +190,7 @@ mod tests {
     #[test]
     fn labels_and_eviction() {
         let root = fake_proc();
-        let mut cache = MetadataCache::new(root.path());
+        let mut cache = MetadataCache::new(root.path(), None);
         let mut profile = Profile {
             samples: vec![Sample {
                 labels: vec![("pid".into(), "10".into())],

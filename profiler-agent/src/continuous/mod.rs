@@ -6,12 +6,10 @@
 //! - `config`: the TOML file and its flag / environment overrides;
 //! - `agent`: the run loop (windows, pulls, shutdown);
 //! - `metadata`: service name and container of each process;
-//! - `kernel_counters`: the sampler's kernel counters, read live;
 //! - `kubernetes`: pod, namespace and container names from the API server.
 
 pub mod agent;
 pub mod config;
-pub mod kernel_counters;
 pub mod kubernetes;
 pub mod metadata;
 

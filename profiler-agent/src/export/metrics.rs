@@ -32,6 +32,10 @@ pub struct Metrics {
     pub processes_tracked: AtomicU64,
     pub objects_open: AtomicU64,
     pub metadata_cache_entries: AtomicU64,
+    /// Pods of this node known from the Kubernetes API (0 outside a cluster).
+    pub kubernetes_pods: AtomicU64,
+    pub kubernetes_watch_events: AtomicU64,
+    pub kubernetes_watch_errors: AtomicU64,
     pub sampler_restarts: AtomicU64,
     pub pulls_served: AtomicU64,
     pub pulls_rejected: AtomicU64,
@@ -88,7 +92,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let l = |a: &AtomicU64| a.load(Relaxed);
-        let counters: [(&str, &str, u64); 20] = [
+        let counters: [(&str, &str, u64); 23] = [
             (
                 "profiler_agent_kernel_samples_total",
                 "Perf events that fired (samples taken by the kernel, idle included).",
@@ -188,6 +192,21 @@ impl Metrics {
                 "profiler_agent_metadata_cache_entries",
                 "Processes with cached service and container metadata.",
                 l(&self.metadata_cache_entries),
+            ),
+            (
+                "profiler_agent_kubernetes_pods",
+                "Pods of this node known from the Kubernetes API.",
+                l(&self.kubernetes_pods),
+            ),
+            (
+                "profiler_agent_kubernetes_watch_events_total",
+                "Pod watch events received from the Kubernetes API.",
+                l(&self.kubernetes_watch_events),
+            ),
+            (
+                "profiler_agent_kubernetes_watch_errors_total",
+                "Failed pod lists and watches (each followed by a backoff).",
+                l(&self.kubernetes_watch_errors),
             ),
         ];
         for (name, help, value) in counters {

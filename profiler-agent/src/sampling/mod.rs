@@ -52,6 +52,24 @@ pub struct KernelCounters {
     pub frames_from_tables: u64,
 }
 
+/// Field by field: totals carried over sampler restarts.
+impl std::ops::Add for KernelCounters {
+    type Output = KernelCounters;
+    fn add(self, b: KernelCounters) -> KernelCounters {
+        KernelCounters {
+            fired: self.fired + b.fired,
+            idle: self.idle + b.idle,
+            filtered_out: self.filtered_out + b.filtered_out,
+            sent: self.sent + b.sent,
+            ring_buffer_full: self.ring_buffer_full + b.ring_buffer_full,
+            user_stack_failed: self.user_stack_failed + b.user_stack_failed,
+            kernel_stack_failed: self.kernel_stack_failed + b.kernel_stack_failed,
+            user_stack_truncated: self.user_stack_truncated + b.user_stack_truncated,
+            frames_from_tables: self.frames_from_tables + b.frames_from_tables,
+        }
+    }
+}
+
 impl KernelCounters {
     fn set(&mut self, counter: Counter, value: u64) {
         let slot = match counter {
