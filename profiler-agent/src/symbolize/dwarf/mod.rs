@@ -39,6 +39,11 @@ impl DwarfSymbols {
             gimli::RunTimeEndian::Big
         };
         let load = |id: gimli::SectionId| -> Result<SectionReader, gimli::Error> {
+            // Location lists describe variables, never code addresses: not
+            // inflating them saves megabytes per large debug file.
+            if matches!(id, gimli::SectionId::DebugLoc | gimli::SectionId::DebugLocLists) {
+                return Ok(SectionReader::new(SectionData::empty(), endian));
+            }
             let data = match file.section_by_name(id.name()) {
                 Some(section) => SectionData::of(section, data),
                 None => SectionData::empty(),
