@@ -1306,3 +1306,103 @@ fn pyroscope_over_tls_trusts_the_configured_ca_only() {
     assert!(stacks(&profile).iter().any(|s| s.has("hot_a")));
     assert!(agent.terminate(Duration::from_secs(20)).success());
 }
+
+/// Unwind tables of binaries no process maps any more leave the BPF row
+/// array at the next window boundary, so a long run over many short-lived
+/// Go binaries does not fill it.
+#[test]
+fn unwind_rows_of_exited_go_processes_are_freed() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("unwind-go");
+    go_command(
+        &go_toolchain("1.19"),
+        &workspace_root().join("tests/fixtures/go-unwind"),
+        &["build", "-o", binary.to_str().unwrap(), "."],
+        &[],
+    );
+    let go = Running::start(&binary, &["sha256", "60"]);
+    let port = free_port();
+    let mut agent = AgentRun::start(&[
+        "--pids",
+        &go.pid().to_string(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--window",
+        "1s",
+        "--directory-path",
+        "",
+    ]);
+    agent.wait_ready(port);
+    let gauge = |name: &str| metric_value(&metrics(port), name).unwrap_or(-1.0);
+    let loaded = wait_for(Duration::from_secs(15), || {
+        let rows = gauge("profiler_agent_bpf_unwind_rows_used");
+        (rows > 0.0 && gauge("profiler_agent_bpf_unwind_processes") == 1.0).then_some(rows)
+    });
+    let rows = loaded.unwrap_or_else(|| panic!("no Go table loaded:\n{}", metrics(port)));
+    assert_eq!(
+        gauge("profiler_agent_bpf_unwind_rows_capacity"),
+        f64::from(1u32 << 20)
+    );
+    drop(go);
+    let freed = wait_for(Duration::from_secs(15), || {
+        (gauge("profiler_agent_bpf_unwind_rows_used") == 0.0
+            && gauge("profiler_agent_bpf_unwind_processes") == 0.0)
+            .then_some(())
+    });
+    assert!(
+        freed.is_some(),
+        "{rows} rows still in use after the process exited:\n{}",
+        metrics(port)
+    );
+    assert_eq!(gauge("profiler_agent_unwind_tables_dropped_total"), 0.0);
+    assert!(agent.terminate(Duration::from_secs(20)).success());
+}
+
+/// A pull longer than a window keeps what it needs of a process that
+/// exited meanwhile: the window boundary evicts exited processes, but not
+/// those an open pull still holds stacks of.
+#[test]
+fn a_long_pull_symbolizes_a_process_that_exited_before_it_ended() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let short = Running::start(&hot_named(dir.path(), "short-lived"), &["1.5"]);
+    let port = free_port();
+    let mut agent = AgentRun::start(&[
+        "--pids",
+        &short.pid().to_string(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--window",
+        "1s",
+        "--directory-path",
+        "",
+    ]);
+    agent.wait_ready(port);
+    // The pull spans several windows; the process exits after ~1.5 s and
+    // is reaped at once, so /proc forgets it while the pull is open.
+    let waiter = std::thread::spawn(move || short.wait());
+    let (status, body) = http_get(
+        port,
+        "/debug/pprof/profile?seconds=5",
+        Duration::from_secs(30),
+    )
+    .expect("the pull answers");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert!(waiter.join().unwrap().success());
+    let stacks = stacks(&profiler_agent::profile::pprof::decode(&body).unwrap());
+    assert!(
+        stacks.iter().any(|s| s.has("hot_a") && s.has("main")),
+        "the exited process's stacks lost their symbols: {stacks:?}\n{}",
+        agent.log()
+    );
+    assert!(
+        stacks
+            .iter()
+            .all(|s| s.labels["service_name"] == "short-lived"),
+        "{stacks:?}"
+    );
+    assert!(agent.terminate(Duration::from_secs(20)).success());
+}

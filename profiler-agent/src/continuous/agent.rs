@@ -112,6 +112,7 @@ struct Totals {
     objects_failed: u64,
     user_unresolved: u64,
     kernel_unresolved: u64,
+    tables_dropped: u64,
 }
 
 impl Totals {
@@ -123,6 +124,7 @@ impl Totals {
             objects_failed: s.objects_failed,
             user_unresolved: s.user_unresolved,
             kernel_unresolved: s.kernel_unresolved,
+            tables_dropped: recording.unwind_tables.tables_dropped,
         }
     }
 
@@ -133,6 +135,7 @@ impl Totals {
             objects_failed: self.objects_failed + other.objects_failed,
             user_unresolved: self.user_unresolved + other.user_unresolved,
             kernel_unresolved: self.kernel_unresolved + other.kernel_unresolved,
+            tables_dropped: self.tables_dropped + other.tables_dropped,
         }
     }
 }
@@ -329,8 +332,9 @@ impl Agent {
             self.finish_due_pulls(Instant::now());
             // The window is exported: processes that exited are no longer
             // needed, nor objects only they mapped.
+            let in_pulls = self.pids_in_open_pulls();
             let recorder = self.recorder.as_mut().expect("a recorder while running");
-            let forgotten = recorder.evict_exited();
+            let forgotten = recorder.evict_exited(|pid| in_pulls.contains(&pid));
             if forgotten > 0 {
                 tracing::debug!(forgotten, "evicted exited processes from the sampler");
             }
@@ -341,12 +345,22 @@ impl Agent {
         if self.window_deadline < Instant::now() {
             self.window_deadline = Instant::now() + self.config.window;
         }
-        let evicted = self.meta.evict_exited();
+        let in_pulls = self.pids_in_open_pulls();
+        let evicted = self.meta.evict_exited(|pid| in_pulls.contains(&pid));
         if evicted > 0 {
             tracing::debug!(evicted, "forgot exited processes");
         }
         release_free_memory();
         Ok(())
+    }
+
+    /// Pulls still open hold stacks of their own: their processes stay
+    /// known until those pulls are answered.
+    fn pids_in_open_pulls(&self) -> std::collections::HashSet<u32> {
+        self.pulls
+            .iter()
+            .flat_map(|p| p.accumulator.stacks.keys().map(|k| k.pid))
+            .collect()
     }
 
     fn export_window(&mut self, symbols: &mut Symbols<'_>) {
@@ -398,7 +412,11 @@ impl Agent {
     fn update_metrics(&self) {
         let m = &self.metrics;
         let live = match &self.recorder {
-            Some(recorder) => Totals::of(recorder.recording(), recorder.counters()),
+            Some(recorder) => Totals {
+                // Set in the recording only when it finishes.
+                tables_dropped: recorder.unwind_stats().map_or(0, |s| s.tables_dropped),
+                ..Totals::of(recorder.recording(), recorder.counters())
+            },
             None => Totals::default(),
         };
         let t = self.carried.plus(live);
@@ -424,7 +442,16 @@ impl Agent {
             m.processes_tracked.store(processes.len() as u64, Relaxed);
             m.objects_open
                 .store(processes.object_count() as u64, Relaxed);
+            if let Some(o) = recorder.unwind_occupancy() {
+                m.bpf_unwind_rows_used.store(o.rows_used.into(), Relaxed);
+                m.bpf_unwind_rows_capacity
+                    .store(o.rows_capacity.into(), Relaxed);
+                m.bpf_unwind_processes.store(o.processes.into(), Relaxed);
+                m.bpf_unwind_processes_capacity
+                    .store(o.processes_capacity.into(), Relaxed);
+            }
         }
+        m.unwind_tables_dropped.store(t.tables_dropped, Relaxed);
         m.metadata_cache_entries
             .store(self.meta.len() as u64, Relaxed);
         if let Some(watcher) = &self.pods {
@@ -489,6 +516,7 @@ fn export_window(
     metrics: &Metrics,
     summary: &mut RunSummary,
 ) {
+    let build_started = Instant::now();
     let accumulator = std::mem::replace(window, Accumulator::new());
     let ended = SystemTime::now();
     let profile_window = ProfileWindow {
@@ -574,6 +602,9 @@ fn export_window(
         });
     }
     metrics.windows.fetch_add(1, Relaxed);
+    metrics
+        .window_build_micros
+        .fetch_add(build_started.elapsed().as_micros() as u64, Relaxed);
     metrics
         .profiles_built
         .fetch_add(profiles.len() as u64, Relaxed);

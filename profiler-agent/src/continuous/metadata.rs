@@ -83,11 +83,14 @@ impl MetadataCache {
     }
 
     /// Forgets processes that no longer exist; returns how many.
-    pub fn evict_exited(&mut self) -> usize {
+    /// Processes for which `still_needed` is true stay (an open pull holds
+    /// their stacks).
+    pub fn evict_exited(&mut self, still_needed: impl Fn(u32) -> bool) -> usize {
         let before = self.entries.len();
         let root = &self.proc_root;
-        self.entries
-            .retain(|pid, _| root.join(pid.to_string()).join("stat").exists());
+        self.entries.retain(|&pid, _| {
+            still_needed(pid) || root.join(pid.to_string()).join("stat").exists()
+        });
         before - self.entries.len()
     }
 
@@ -125,9 +128,10 @@ impl MetadataCache {
 }
 
 /// The executable's file name (from `/proc/PID/exe`, as seen in the
-/// process's own mount namespace), else `comm`; `kernel` for kernel
-/// threads, which have neither an executable nor a command line, so that
-/// hundreds of kworkers make one group, not hundreds.
+/// process's own mount namespace), else `comm` (a process that already
+/// exited and awaits its parent has no executable link any more); `kernel`
+/// for kernel threads (PF_KTHREAD in `/proc/PID/stat`), so that hundreds
+/// of kworkers make one group, not hundreds.
 pub fn service_name(proc_root: &Path, pid: u32) -> String {
     let dir = proc_root.join(pid.to_string());
     if let Ok(exe) = std::fs::read_link(dir.join("exe")) {
@@ -137,18 +141,32 @@ pub fn service_name(proc_root: &Path, pid: u32) -> String {
             return name.to_string();
         }
     }
-    let cmdline_empty = std::fs::read(dir.join("cmdline")).is_ok_and(|c| c.is_empty());
+    if std::fs::read_to_string(dir.join("stat")).is_ok_and(|stat| is_kernel_thread(&stat)) {
+        return "kernel".into();
+    }
     let comm = std::fs::read_to_string(dir.join("comm"))
         .map(|c| c.trim_end().to_string())
         .unwrap_or_default();
-    if cmdline_empty && pid != 1 {
-        return "kernel".into();
-    }
     if comm.is_empty() {
         "unknown".into()
     } else {
         comm
     }
+}
+
+/// Whether a `/proc/PID/stat` line is a kernel thread's: PF_KTHREAD in
+/// its flags (field 9; the command, field 2, may hold spaces and
+/// parentheses, so fields are counted after its last `)`).
+fn is_kernel_thread(stat: &str) -> bool {
+    const PF_KTHREAD: u64 = 0x0020_0000;
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return false;
+    };
+    // rest: " S ppid pgrp session tty_nr tpgid flags ..." (fields 3..).
+    rest.split_ascii_whitespace()
+        .nth(6)
+        .and_then(|flags| flags.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }
 
 #[cfg(test)]
@@ -172,9 +190,24 @@ mod tests {
         std::fs::create_dir_all(p(11)).unwrap();
         std::fs::write(p(11).join("cmdline"), "").unwrap();
         std::fs::write(p(11).join("comm"), "kworker/0:1\n").unwrap();
+        // Real kworker and zombie stat lines (flags 69238880 = PF_KTHREAD
+        // | PF_WQ_WORKER | ...; 4227084 = PF_EXITING | ...).
+        std::fs::write(
+            p(11).join("stat"),
+            "11 (kworker/0:1-events) I 2 0 0 0 -1 69238880 0 0 0 0 0 0 0 0 20 0 1 0 9 0 0",
+        )
+        .unwrap();
         std::fs::create_dir_all(p(12)).unwrap();
         std::fs::write(p(12).join("cmdline"), "app\0").unwrap();
         std::fs::write(p(12).join("comm"), "app\n").unwrap();
+        std::fs::create_dir_all(p(13)).unwrap();
+        std::fs::write(p(13).join("cmdline"), "").unwrap();
+        std::fs::write(p(13).join("comm"), "short) lived\n").unwrap();
+        std::fs::write(
+            p(13).join("stat"),
+            "13 (short) lived) Z 1 13 13 0 -1 4227084 100 0 0 0 150 0 0 0 20 0 1 0 5 0 0",
+        )
+        .unwrap();
         root
     }
 
@@ -184,6 +217,8 @@ mod tests {
         assert_eq!(service_name(root.path(), 10), "nginx");
         assert_eq!(service_name(root.path(), 11), "kernel");
         assert_eq!(service_name(root.path(), 12), "app");
+        // A zombie: no exe link, empty cmdline, but not a kernel thread.
+        assert_eq!(service_name(root.path(), 13), "short) lived");
         assert_eq!(service_name(root.path(), 99), "unknown");
     }
 
@@ -204,10 +239,12 @@ mod tests {
         assert_eq!(sample.label("node"), Some("node-1"));
         assert_eq!(sample.label("container_id"), Some("ab".repeat(32).as_str()));
         assert_eq!(sample.label("pod_uid"), None);
-        cache.get(11);
+        cache.get(12);
         assert_eq!(cache.len(), 2);
-        // Only pid 10 has a stat file: 11 counts as exited.
-        assert_eq!(cache.evict_exited(), 1);
+        // Pid 12 has no stat file: it counts as exited, unless an open pull
+        // still needs it.
+        assert_eq!(cache.evict_exited(|pid| pid == 12), 0);
+        assert_eq!(cache.evict_exited(|_| false), 1);
         assert_eq!(cache.len(), 1);
     }
 }

@@ -34,6 +34,13 @@ pub struct Metrics {
     pub metadata_cache_entries: AtomicU64,
     /// Pods of this node known from the Kubernetes API (0 outside a cluster).
     pub kubernetes_pods: AtomicU64,
+    pub bpf_unwind_rows_used: AtomicU64,
+    pub bpf_unwind_rows_capacity: AtomicU64,
+    pub bpf_unwind_processes: AtomicU64,
+    pub bpf_unwind_processes_capacity: AtomicU64,
+    pub unwind_tables_dropped: AtomicU64,
+    /// Microseconds spent building windows (symbolize, label, encode).
+    pub window_build_micros: AtomicU64,
     pub kubernetes_watch_events: AtomicU64,
     pub kubernetes_watch_errors: AtomicU64,
     pub sampler_restarts: AtomicU64,
@@ -92,7 +99,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let l = |a: &AtomicU64| a.load(Relaxed);
-        let counters: [(&str, &str, u64); 23] = [
+        let counters: [(&str, &str, u64); 28] = [
             (
                 "profiler_agent_kernel_samples_total",
                 "Perf events that fired (samples taken by the kernel, idle included).",
@@ -194,6 +201,31 @@ impl Metrics {
                 l(&self.metadata_cache_entries),
             ),
             (
+                "profiler_agent_bpf_unwind_rows_used",
+                "Rows of the BPF unwind-row array holding loaded tables.",
+                l(&self.bpf_unwind_rows_used),
+            ),
+            (
+                "profiler_agent_bpf_unwind_rows_capacity",
+                "Size of the BPF unwind-row array.",
+                l(&self.bpf_unwind_rows_capacity),
+            ),
+            (
+                "profiler_agent_bpf_unwind_processes",
+                "Processes registered in the BPF unwinder's process map.",
+                l(&self.bpf_unwind_processes),
+            ),
+            (
+                "profiler_agent_bpf_unwind_processes_capacity",
+                "Size of the BPF unwinder's process map.",
+                l(&self.bpf_unwind_processes_capacity),
+            ),
+            (
+                "profiler_agent_unwind_tables_dropped_total",
+                "Unwind tables that did not fit in the row array (those binaries unwind by frame pointers).",
+                l(&self.unwind_tables_dropped),
+            ),
+            (
                 "profiler_agent_kubernetes_pods",
                 "Pods of this node known from the Kubernetes API.",
                 l(&self.kubernetes_pods),
@@ -226,6 +258,14 @@ impl Metrics {
              # TYPE profiler_agent_resident_memory_bytes gauge\n\
              profiler_agent_resident_memory_bytes {}",
             resident_bytes().unwrap_or(0)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP profiler_agent_window_build_seconds_total Time spent turning windows into \
+             profiles (symbolization, labels, encoding; exports run on their own threads).\n\
+             # TYPE profiler_agent_window_build_seconds_total counter\n\
+             profiler_agent_window_build_seconds_total {}",
+            l(&self.window_build_micros) as f64 / 1e6
         );
         let _ = writeln!(
             out,

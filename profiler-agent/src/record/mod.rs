@@ -188,6 +188,16 @@ impl Recorder {
         )
     }
 
+    /// How full the unwinder's BPF maps are; None without unwind tables.
+    pub fn unwind_occupancy(&self) -> Option<crate::unwind::UnwindOccupancy> {
+        self.tables.as_ref().map(|t| t.occupancy())
+    }
+
+    /// Unwind-table loading so far (a continuous run reports it live).
+    pub fn unwind_stats(&self) -> Option<crate::unwind::UnwindTableStats> {
+        self.tables.as_ref().map(|t| t.stats)
+    }
+
     /// The in-kernel counters so far (a continuous run reports them live).
     pub fn counters(&self) -> KernelCounters {
         self.sampler.counters()
@@ -197,22 +207,24 @@ impl Recorder {
     /// is built — with their unwind-table registration, and the parsed
     /// objects no remaining process maps. Keeps a long continuous run's
     /// memory following the live processes, not every process ever seen.
-    /// Returns how many processes were forgotten.
-    pub fn evict_exited(&mut self) -> usize {
+    /// Processes for which `still_needed` is true stay (a pull still open
+    /// holds their stacks). Returns how many processes were forgotten.
+    pub fn evict_exited(&mut self, still_needed: impl Fn(u32) -> bool) -> usize {
         let mut gone = Vec::new();
         let forgotten = self.recording.processes.retain(|pid| {
-            let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+            let alive = still_needed(pid) || std::path::Path::new(&format!("/proc/{pid}")).exists();
             if !alive {
                 gone.push(pid);
             }
             alive
         });
+        let mapped = self.recording.processes.object_ids();
         if let Some(tables) = &mut self.tables {
             for pid in gone {
                 tables.unregister(pid);
             }
+            tables.retain_objects(|id| mapped.contains(id));
         }
-        let mapped = self.recording.processes.object_ids();
         self.recording
             .symbolizer
             .retain_objects(|id| mapped.contains(id));

@@ -10,7 +10,7 @@ pub mod arch;
 pub mod go;
 mod tables;
 
-pub use tables::{UnwindTableStats, UnwindTables};
+pub use tables::{UnwindOccupancy, UnwindTableStats, UnwindTables};
 
 /// An unwind table for one object: rows sorted by `pc`, each `pc` an
 /// offset from `base` (an ELF virtual address of the object).

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use profiler_common::{
-    MAX_UNWIND_MAPPINGS, MAX_UNWIND_ROWS, ProcessUnwind, UnwindMapping, UnwindRow,
+    MAX_UNWIND_MAPPINGS, MAX_UNWIND_PROCESSES, MAX_UNWIND_ROWS, ProcessUnwind, UnwindMapping,
+    UnwindRow,
 };
 
 use super::TableRows;
@@ -33,14 +34,27 @@ pub struct UnwindTableStats {
     /// frame pointers).
     pub tables_dropped: u64,
     pub map_errors: u64,
+    /// Rows returned to the free space when their objects were unmapped.
+    pub rows_freed: u64,
 }
 
 pub struct UnwindTables {
     rows: Array<MapData, UnwindRow>,
     processes: BpfHashMap<MapData, u32, ProcessUnwind>,
-    next_row: u32,
+    allocator: RowAllocator,
     objects: HashMap<ObjectId, Option<LoadedTable>>,
+    /// Pids with an entry in the walker's process map.
+    registered: std::collections::HashSet<u32>,
     pub stats: UnwindTableStats,
+}
+
+/// How full the walker's maps are, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindOccupancy {
+    pub rows_used: u32,
+    pub rows_capacity: u32,
+    pub processes: u32,
+    pub processes_capacity: u32,
 }
 
 impl UnwindTables {
@@ -51,8 +65,9 @@ impl UnwindTables {
         UnwindTables {
             rows,
             processes,
-            next_row: 0,
+            allocator: RowAllocator::new(MAX_UNWIND_ROWS),
             objects: HashMap::new(),
+            registered: Default::default(),
             stats: UnwindTableStats::default(),
         }
     }
@@ -100,7 +115,10 @@ impl UnwindTables {
         }
         if entry.count > 0 {
             match self.processes.insert(process.pid, entry, 0) {
-                Ok(()) => self.stats.processes_registered += 1,
+                Ok(()) => {
+                    self.stats.processes_registered += 1;
+                    self.registered.insert(process.pid);
+                }
                 Err(error) => {
                     self.stats.map_errors += 1;
                     tracing::debug!(pid = process.pid, %error, "registering unwind tables");
@@ -112,7 +130,39 @@ impl UnwindTables {
 
     /// Stops using tables for `pid` (it exited).
     pub fn unregister(&mut self, pid: u32) {
-        let _ = self.processes.remove(&pid);
+        if self.registered.remove(&pid) {
+            let _ = self.processes.remove(&pid);
+        }
+    }
+
+    pub fn occupancy(&self) -> UnwindOccupancy {
+        UnwindOccupancy {
+            rows_used: self.allocator.used(),
+            rows_capacity: MAX_UNWIND_ROWS,
+            processes: self.registered.len() as u32,
+            processes_capacity: MAX_UNWIND_PROCESSES,
+        }
+    }
+
+    /// Forgets the tables of objects no live process maps any more (call
+    /// after `unregister`ing the processes that exited) and returns their
+    /// rows to the free space, so a long run over many short-lived
+    /// binaries keeps loading tables. Returns how many rows were freed.
+    pub fn retain_objects(&mut self, mut keep: impl FnMut(&ObjectId) -> bool) -> u64 {
+        let mut freed = 0;
+        let allocator = &mut self.allocator;
+        self.objects.retain(|id, loaded| {
+            if keep(id) {
+                return true;
+            }
+            if let Some(table) = loaded {
+                allocator.free(table.first_row, table.row_count);
+                freed += u64::from(table.row_count);
+            }
+            false
+        });
+        self.stats.rows_freed += freed;
+        freed
     }
 
     fn table(
@@ -133,19 +183,18 @@ impl UnwindTables {
         if count == 0 {
             return None;
         }
-        if self.next_row.checked_add(count)? > MAX_UNWIND_ROWS {
+        let Some(first_row) = self.allocator.allocate(count) else {
             self.stats.tables_dropped += 1;
             return None;
-        }
-        let first_row = self.next_row;
+        };
         for (i, row) in table.rows.iter().enumerate() {
             if let Err(error) = self.rows.set(first_row + i as u32, row, 0) {
                 self.stats.map_errors += 1;
                 tracing::debug!(%error, "writing unwind rows");
+                self.allocator.free(first_row, count);
                 return None;
             }
         }
-        self.next_row += count;
         self.stats.objects_with_tables += 1;
         self.stats.rows_loaded += u64::from(count);
         let last = table.rows.last()?;
@@ -155,5 +204,130 @@ impl UnwindTables {
             base: table.base,
             end: table.base + u64::from(last.pc) + 1,
         })
+    }
+}
+
+/// Hands out contiguous row ranges of the BPF row array: first fit from
+/// freed ranges (kept sorted and coalesced), else from the never-used
+/// tail. A process's rows are only freed once no registered process maps
+/// the object; a walk already in flight on another CPU at that moment may
+/// read rows being rewritten, which costs that one sample's stack, never
+/// safety (the BPF walker bounds-checks every row it reads).
+#[derive(Debug)]
+struct RowAllocator {
+    capacity: u32,
+    /// Start of the never-allocated tail.
+    next: u32,
+    /// Freed ranges below `next`: (first row, count), sorted, disjoint, not
+    /// adjacent to each other.
+    free: Vec<(u32, u32)>,
+}
+
+impl RowAllocator {
+    fn new(capacity: u32) -> Self {
+        RowAllocator {
+            capacity,
+            next: 0,
+            free: Vec::new(),
+        }
+    }
+
+    fn allocate(&mut self, count: u32) -> Option<u32> {
+        if count == 0 {
+            return None;
+        }
+        if let Some(i) = self.free.iter().position(|&(_, len)| len >= count) {
+            let (start, len) = self.free[i];
+            if len == count {
+                self.free.remove(i);
+            } else {
+                self.free[i] = (start + count, len - count);
+            }
+            return Some(start);
+        }
+        let start = self.next;
+        if start.checked_add(count)? > self.capacity {
+            return None;
+        }
+        self.next = start + count;
+        Some(start)
+    }
+
+    fn free(&mut self, start: u32, count: u32) {
+        if count == 0 {
+            return;
+        }
+        let i = self.free.partition_point(|&(s, _)| s < start);
+        self.free.insert(i, (start, count));
+        // Coalesce with the following range, then with the preceding one.
+        if i + 1 < self.free.len() && self.free[i].0 + self.free[i].1 == self.free[i + 1].0 {
+            self.free[i].1 += self.free[i + 1].1;
+            self.free.remove(i + 1);
+        }
+        if i > 0 && self.free[i - 1].0 + self.free[i - 1].1 == self.free[i].0 {
+            self.free[i - 1].1 += self.free[i].1;
+            self.free.remove(i);
+        }
+        // A free range that reaches the tail gives it back.
+        if let Some(&(s, len)) = self.free.last()
+            && s + len == self.next
+        {
+            self.next = s;
+            self.free.pop();
+        }
+    }
+
+    /// Rows in use.
+    fn used(&self) -> u32 {
+        self.next - self.free.iter().map(|&(_, len)| len).sum::<u32>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn freed_ranges_are_reused_and_coalesced() {
+        let mut a = RowAllocator::new(100);
+        let x = a.allocate(30).unwrap();
+        let y = a.allocate(30).unwrap();
+        let z = a.allocate(30).unwrap();
+        assert_eq!((x, y, z), (0, 30, 60));
+        assert_eq!(a.allocate(20), None, "only 10 rows left");
+        a.free(y, 30);
+        // First fit inside the hole.
+        assert_eq!(a.allocate(10), Some(30));
+        assert_eq!(a.allocate(20), Some(40));
+        assert_eq!(a.used(), 90);
+        a.free(x, 30);
+        a.free(30, 10);
+        a.free(40, 20);
+        // 0..60 coalesced into one range.
+        assert_eq!(a.free, vec![(0, 60)]);
+        assert_eq!(a.allocate(55), Some(0));
+        a.free(0, 55);
+        a.free(z, 30);
+        // Everything free: the tail is back at 0.
+        assert_eq!((a.next, a.free.len(), a.used()), (0, 0, 0));
+        assert_eq!(a.allocate(100), Some(0));
+    }
+
+    #[test]
+    fn a_churn_of_tables_never_runs_out() {
+        // Many short-lived binaries, at most 4 alive at a time: without
+        // freeing, 1000 tables of 500 rows would need 500k rows.
+        let mut a = RowAllocator::new(4 * 500 + 499);
+        let mut live = std::collections::VecDeque::new();
+        for i in 0..1000u32 {
+            let count = 400 + (i * 37) % 100;
+            let start = a.allocate(count).expect("space for a live set of 4");
+            live.push_back((start, count));
+            if live.len() == 4 {
+                let (s, c) = live.pop_front().unwrap();
+                a.free(s, c);
+            }
+        }
+        assert!(a.used() <= 4 * 500);
     }
 }
