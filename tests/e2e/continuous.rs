@@ -157,9 +157,26 @@ fn prometheus_scrapes_the_agents_health() {
     require_bpf_privileges();
     let dir = tempfile::tempdir().unwrap();
     let fixture = Running::start(&hot_named(dir.path(), "scraped"), &[]);
+    // A probe from the config: the USDT latency fixture's operations
+    // (1, 4 and 16 ms sleeps between demo:op__start and demo:op__done).
+    let latency = build_latency_fixture("-O2");
+    let operations = Running::start(&latency, &["100000"]);
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[probes]]\nname = \"demo_op\"\nstart = \"usdt:{path}:demo:op__start\"\n\
+             end = \"usdt:{path}:demo:op__done\"\nunit = \"us\"\n\n\
+             [[probes]]\nname = \"absent\"\nstart = \"uprobe:/no/such/binary:main\"\n",
+            path = latency.display()
+        ),
+    )
+    .unwrap();
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let mut agent = AgentRun::start(&[
+        "--config",
+        config.to_str().unwrap(),
         "--pids",
         &fixture.pid().to_string(),
         "--listen",
@@ -247,6 +264,39 @@ fn prometheus_scrapes_the_agents_health() {
             .filter(|&v| v > 0.0)
     });
     assert!(exported.is_some(), "no successful export scraped");
+    // The probe's histogram: operations counted, and the 4 ms ones land
+    // in the buckets above 2^12 us (the 1 ms ones below).
+    let operations_seen = wait_for(Duration::from_secs(30), || {
+        query("profiler_probe_demo_op_latency_seconds_count").filter(|&v| v >= 7.0)
+    });
+    assert!(
+        operations_seen.is_some(),
+        "no probe histogram scraped:\n{}",
+        metrics(port)
+    );
+    let below_2ms = query("profiler_probe_demo_op_latency_seconds_bucket%7Ble%3D%220.002048%22%7D")
+        .expect("a 2.048 ms bucket");
+    let count = query("profiler_probe_demo_op_latency_seconds_count").unwrap();
+    assert!(
+        below_2ms > 0.0 && below_2ms < count,
+        "1 ms operations below 2.048 ms, 4 and 16 ms ones above: {below_2ms} of {count}\n{}",
+        metrics(port)
+    );
+    let text = metrics(port);
+    assert_eq!(
+        metric_value(&text, "profiler_agent_probes_attached"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric_value(&text, "profiler_agent_probes_failed"),
+        Some(1.0)
+    );
+    assert!(
+        agent.log().contains("probe not attached"),
+        "{}",
+        agent.log()
+    );
+    drop(operations);
     // The agent's own view agrees on what the kernel counted.
     let text = metrics(port);
     assert!(metric_value(&text, "profiler_agent_kernel_samples_total").unwrap() >= taken);

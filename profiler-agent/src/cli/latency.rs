@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use profiler_common::latency::LatencyCounter;
 
 use crate::probes::histogram::{Layout, Unit};
+use crate::probes::latency::plan::{parse_linear, parse_unit};
 use crate::probes::latency::render::{prometheus_report, text_report};
 use crate::probes::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, Snapshot, plan};
 use crate::probes::spec::ProbeSpec;
@@ -66,27 +67,6 @@ pub struct LatencyArgs {
 enum Format {
     Text,
     Prometheus,
-}
-
-fn parse_unit(text: &str) -> Result<Unit, String> {
-    match text {
-        "ns" => Ok(Unit::Nanoseconds),
-        "us" => Ok(Unit::Microseconds),
-        "ms" => Ok(Unit::Milliseconds),
-        _ => Err(format!("{text:?}: the unit is ns, us or ms")),
-    }
-}
-
-fn parse_linear(text: &str) -> Result<Layout, String> {
-    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
-    let [min, max, step] = parts.as_slice() else {
-        return Err(format!("{text:?}: expected MIN,MAX,STEP, e.g. 0,100,10"));
-    };
-    let number = |s: &str| {
-        s.parse::<i64>()
-            .map_err(|_| format!("{s:?} in {text:?} is not an integer"))
-    };
-    Layout::linear(number(min)?, number(max)?, number(step)?).map_err(|e| e.to_string())
 }
 
 pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
@@ -161,7 +141,9 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
 fn report(plan: &Plan, snapshot: &Snapshot, format: Format) -> anyhow::Result<String> {
     Ok(match format {
         Format::Text => text_report(plan, snapshot)?,
-        Format::Prometheus => prometheus_report(plan, snapshot).map_err(anyhow::Error::msg)?,
+        Format::Prometheus => {
+            prometheus_report(plan, snapshot, "profiler_probe").map_err(anyhow::Error::msg)?
+        }
     })
 }
 

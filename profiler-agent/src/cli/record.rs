@@ -177,7 +177,13 @@ fn report(recording: &Recording, output: &Path, format: Format, samples_written:
         c.user_stack_failed,
         c.kernel_stack_failed
     );
-    if recording.samples != c.sent {
+    if recording.queue_dropped > 0 {
+        eprintln!(
+            "  lost in the agent: {} samples (symbolization fell behind the sampler)",
+            recording.queue_dropped
+        );
+    }
+    if recording.samples + recording.queue_dropped != c.sent {
         eprintln!(
             "  note: {} samples sent by the kernel, {} received",
             c.sent, recording.samples

@@ -28,6 +28,7 @@ use crate::sampling::{KernelCounters, SamplingConfig, SamplingError};
 use super::config::Config;
 use super::kubernetes::{self, Watcher};
 use super::metadata::MetadataCache;
+use super::probes::ProbeHistograms;
 
 const POLL: Duration = Duration::from_millis(100);
 const METRICS_EVERY: Duration = Duration::from_secs(1);
@@ -113,6 +114,7 @@ struct Totals {
     user_unresolved: u64,
     kernel_unresolved: u64,
     tables_dropped: u64,
+    queue_dropped: u64,
 }
 
 impl Totals {
@@ -125,6 +127,7 @@ impl Totals {
             user_unresolved: s.user_unresolved,
             kernel_unresolved: s.kernel_unresolved,
             tables_dropped: recording.unwind_tables.tables_dropped,
+            queue_dropped: recording.queue_dropped,
         }
     }
 
@@ -136,6 +139,7 @@ impl Totals {
             user_unresolved: self.user_unresolved + other.user_unresolved,
             kernel_unresolved: self.kernel_unresolved + other.kernel_unresolved,
             tables_dropped: self.tables_dropped + other.tables_dropped,
+            queue_dropped: self.queue_dropped + other.queue_dropped,
         }
     }
 }
@@ -148,6 +152,8 @@ pub struct Agent {
     recorder: Option<Recorder>,
     /// Pod metadata from the API server, when in a cluster.
     pods: Option<Watcher>,
+    /// Histograms of the configured probes, for `/metrics`.
+    probes: ProbeHistograms,
     /// Totals of samplers that were restarted.
     carried: Totals,
     meta: MetadataCache,
@@ -185,6 +191,11 @@ impl Agent {
         // Not fatal unless asked for explicitly (`enabled = "on"`): outside
         // a cluster this is None and labels come from /proc alone.
         let pods = kubernetes::start(&config.kubernetes, &node, Arc::new(AtomicBool::new(false)))?;
+        let probes = ProbeHistograms::start(&config.probes);
+        metrics
+            .probes_attached
+            .store(probes.attached() as u64, Relaxed);
+        metrics.probes_failed.store(probes.failed as u64, Relaxed);
         tracing::info!(
             node = %node,
             cpus = recorder.cpus().len(),
@@ -204,6 +215,7 @@ impl Agent {
             recorder: Some(recorder),
             meta: MetadataCache::new("/proc", pods.as_ref().map(|w| w.index.clone())),
             pods,
+            probes,
             carried: Totals::default(),
             window: Accumulator::new(),
             pulls: Vec::new(),
@@ -415,6 +427,7 @@ impl Agent {
             Some(recorder) => Totals {
                 // Set in the recording only when it finishes.
                 tables_dropped: recorder.unwind_stats().map_or(0, |s| s.tables_dropped),
+                queue_dropped: recorder.queue_dropped(),
                 ..Totals::of(recorder.recording(), recorder.counters())
             },
             None => Totals::default(),
@@ -452,6 +465,10 @@ impl Agent {
             }
         }
         m.unwind_tables_dropped.store(t.tables_dropped, Relaxed);
+        m.samples_queue_dropped.store(t.queue_dropped, Relaxed);
+        if self.probes.attached() > 0 {
+            *m.probe_text.lock().unwrap_or_else(|e| e.into_inner()) = self.probes.render();
+        }
         m.metadata_cache_entries
             .store(self.meta.len() as u64, Relaxed);
         if let Some(watcher) = &self.pods {
@@ -498,6 +515,7 @@ impl Agent {
             }
         }
         self.server.take();
+        self.probes.detach();
         if let Some(watcher) = &self.pods {
             watcher.stop();
         }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use super::kubernetes::{KubernetesConfig, KubernetesMode};
+pub use super::probes::ProbeConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -63,6 +64,9 @@ pub struct Config {
     pub pyroscope: PyroscopeConfig,
     pub otlp: OtlpConfig,
     pub kubernetes: KubernetesConfig,
+    /// Probes whose latency histograms `/metrics` exports (`[[probes]]`;
+    /// in the file only).
+    pub probes: Vec<ProbeConfig>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -184,6 +188,7 @@ impl Default for Config {
             pyroscope: PyroscopeConfig::default(),
             otlp: OtlpConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            probes: Vec::new(),
         }
     }
 }
@@ -426,6 +431,10 @@ impl Config {
                 return invalid(key, "max_attempts must be at least 1");
             }
         }
+        super::probes::validate(&self.probes).map_err(|e| ConfigError::Invalid {
+            key: "probes",
+            message: e.to_string(),
+        })?;
         Ok(())
     }
 
@@ -535,11 +544,26 @@ mod tests {
         let kubernetes = text
             .split("[kubernetes]")
             .nth(1)
-            .expect("a [kubernetes] section");
+            .expect("a [kubernetes] section")
+            .split("[[probes]]")
+            .next()
+            .unwrap();
         for key in ["enabled", "api_url", "token_file", "ca_file", "timeout"] {
             assert!(
                 kubernetes.contains(&format!("{key} =")),
                 "kubernetes.{key} is not documented"
+            );
+        }
+        let probes = text
+            .split("[[probes]]")
+            .nth(1)
+            .expect("a [[probes]] example");
+        for key in [
+            "name", "start", "end", "count", "pid", "unit", "by", "linear",
+        ] {
+            assert!(
+                probes.contains(&format!("{key} =")),
+                "probes.{key} is not documented"
             );
         }
         let otlp = text.split("[otlp]").nth(1).expect("an [otlp] section");

@@ -6,12 +6,14 @@
 //! - `config`: the TOML file and its flag / environment overrides;
 //! - `agent`: the run loop (windows, pulls, shutdown);
 //! - `metadata`: service name and container of each process;
-//! - `kubernetes`: pod, namespace and container names from the API server.
+//! - `kubernetes`: pod, namespace and container names from the API server;
+//! - `probes`: latency histograms of configured probes for `/metrics`.
 
 pub mod agent;
 pub mod config;
 pub mod kubernetes;
 pub mod metadata;
+pub mod probes;
 
 pub use agent::{Agent, RunError, RunSummary};
 pub use config::{Config, ConfigError, LogFormat, Overrides};

@@ -17,6 +17,9 @@ pub struct Metrics {
     pub kernel_idle: AtomicU64,
     pub kernel_sent: AtomicU64,
     pub kernel_ring_buffer_full: AtomicU64,
+    /// Samples read from the ring buffer, then dropped because the agent
+    /// fell too far behind.
+    pub samples_queue_dropped: AtomicU64,
     pub kernel_user_stack_failed: AtomicU64,
     pub kernel_kernel_stack_failed: AtomicU64,
     pub kernel_user_stack_truncated: AtomicU64,
@@ -39,6 +42,10 @@ pub struct Metrics {
     pub bpf_unwind_processes: AtomicU64,
     pub bpf_unwind_processes_capacity: AtomicU64,
     pub unwind_tables_dropped: AtomicU64,
+    pub probes_attached: AtomicU64,
+    pub probes_failed: AtomicU64,
+    /// The configured probes' families, rendered by the run loop.
+    pub probe_text: std::sync::Mutex<String>,
     /// Microseconds spent building windows (symbolize, label, encode).
     pub window_build_micros: AtomicU64,
     pub kubernetes_watch_events: AtomicU64,
@@ -99,7 +106,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let l = |a: &AtomicU64| a.load(Relaxed);
-        let counters: [(&str, &str, u64); 28] = [
+        let counters: [(&str, &str, u64); 31] = [
             (
                 "profiler_agent_kernel_samples_total",
                 "Perf events that fired (samples taken by the kernel, idle included).",
@@ -119,6 +126,11 @@ impl Metrics {
                 "profiler_agent_kernel_samples_dropped_total",
                 "Samples lost because the ring buffer was full.",
                 l(&self.kernel_ring_buffer_full),
+            ),
+            (
+                "profiler_agent_samples_queue_dropped_total",
+                "Samples read from the ring buffer but dropped because aggregation fell behind.",
+                l(&self.samples_queue_dropped),
             ),
             (
                 "profiler_agent_kernel_user_stack_failed_total",
@@ -226,6 +238,16 @@ impl Metrics {
                 l(&self.unwind_tables_dropped),
             ),
             (
+                "profiler_agent_probes_attached",
+                "Configured probes whose histograms are exported here.",
+                l(&self.probes_attached),
+            ),
+            (
+                "profiler_agent_probes_failed",
+                "Configured probes that could not be attached (see the log).",
+                l(&self.probes_failed),
+            ),
+            (
                 "profiler_agent_kubernetes_pods",
                 "Pods of this node known from the Kubernetes API.",
                 l(&self.kubernetes_pods),
@@ -274,6 +296,7 @@ impl Metrics {
             u8::from(self.ready.load(Relaxed))
         );
         self.render_exporters(&mut out);
+        out.push_str(&self.probe_text.lock().unwrap_or_else(|e| e.into_inner()));
         out
     }
 

@@ -57,6 +57,9 @@ pub struct Recording {
     pub frequency_hz: u64,
     /// Samples received from the kernel.
     pub samples: u64,
+    /// Samples read from the ring buffer but dropped in user space because
+    /// aggregation fell too far behind (the queue's byte bound).
+    pub queue_dropped: u64,
     /// Samples whose user stack walk stopped at `MAX_USER_FRAMES`.
     pub user_stack_truncated: u64,
     /// Samples whose user stack walk ended at a root an unwind table marks
@@ -128,6 +131,7 @@ impl Recorder {
                 elapsed: Duration::ZERO,
                 frequency_hz: config.frequency_hz,
                 samples: 0,
+                queue_dropped: 0,
                 user_stack_truncated: 0,
                 user_stack_at_root: 0,
             },
@@ -198,6 +202,12 @@ impl Recorder {
         self.tables.as_ref().map(|t| t.stats)
     }
 
+    /// Samples the ring-buffer thread had to drop so far because
+    /// aggregation fell too far behind.
+    pub fn queue_dropped(&self) -> u64 {
+        self.sampler.queue_dropped()
+    }
+
     /// The in-kernel counters so far (a continuous run reports them live).
     pub fn counters(&self) -> KernelCounters {
         self.sampler.counters()
@@ -238,6 +248,7 @@ impl Recorder {
         self.sampler.detach();
         while self.poll(Duration::ZERO) > 0 {}
         self.recording.counters = self.sampler.counters();
+        self.recording.queue_dropped = self.sampler.queue_dropped();
         if let Some(tables) = &self.tables {
             self.recording.unwind_tables = tables.stats;
         }

@@ -16,6 +16,9 @@ pub enum SamplingError {
     )]
     Privileges { have: String, paranoid: String },
 
+    #[error("starting the ring-buffer reader thread: {0}")]
+    Reader(std::io::Error),
+
     #[error("--frequency must be at least 1 Hz (got {0})")]
     BadFrequency(u64),
 

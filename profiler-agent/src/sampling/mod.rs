@@ -7,11 +7,11 @@
 
 mod errors;
 mod privileges;
+mod reader;
 
 pub use errors::SamplingError;
 pub use privileges::check_privileges;
 
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
@@ -20,8 +20,14 @@ use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, S
 use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 use profiler_common::{Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
 
+use self::reader::RecordReader;
 use crate::bpf_loading::raise_memlock_limit;
 use crate::unwind::UnwindTables;
+
+/// Records waiting between the ring-buffer thread and the aggregation
+/// above this many bytes are dropped oldest first (see `reader`): at
+/// 100 Hz on 2 CPUs that is minutes of samples, on 64 CPUs seconds.
+const QUEUE_MAX_BYTES: usize = 16 << 20;
 
 /// The compiled BPF object, built by this crate's build script.
 static BPF_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
@@ -89,9 +95,8 @@ impl KernelCounters {
 
 /// A loaded and attached sampler. Dropping it detaches every perf event.
 pub struct Sampler {
-    // Field order matters on drop: the ring buffer and maps are views of
-    // maps owned by `ebpf`.
-    samples: RingBuf<MapData>,
+    /// The thread emptying the ring buffer, and its queue.
+    reader: RecordReader,
     counters: PerCpuArray<MapData, u64>,
     /// The loaded programs and their perf-event links; `None` once detached.
     ebpf: Option<Ebpf>,
@@ -189,8 +194,10 @@ impl Sampler {
         unsafe {
             libc::malloc_trim(0);
         }
+        let reader =
+            RecordReader::spawn(samples, QUEUE_MAX_BYTES).map_err(SamplingError::Reader)?;
         let sampler = Sampler {
-            samples,
+            reader,
             counters,
             ebpf: Some(ebpf),
             buffer: Box::new(zeroed_sample()),
@@ -204,25 +211,24 @@ impl Sampler {
         &self.cpus
     }
 
-    /// Waits up to `timeout` for samples, then passes every sample in the
-    /// ring buffer to `on_sample`. Returns how many it passed.
+    /// Waits up to `timeout` for samples, then passes every sample read
+    /// from the ring buffer so far to `on_sample`. Returns how many.
     pub fn drain(&mut self, timeout: Duration, mut on_sample: impl FnMut(&Sample)) -> usize {
-        let mut pollfd = libc::pollfd {
-            fd: self.samples.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let millis = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd; EINTR (a signal) just ends the wait early.
-        unsafe { libc::poll(&mut pollfd, 1, millis) };
+        let buffer = &mut self.buffer;
         let mut count = 0;
-        while let Some(item) = self.samples.next() {
-            if copy_record(&item, &mut self.buffer) {
-                on_sample(&self.buffer);
+        self.reader.drain(timeout, |record| {
+            if copy_record(record, buffer) {
+                on_sample(buffer);
                 count += 1;
             }
-        }
+        });
         count
+    }
+
+    /// Samples the ring-buffer thread dropped because aggregation was
+    /// too far behind.
+    pub fn queue_dropped(&self) -> u64 {
+        self.reader.dropped()
     }
 
     /// Detaches the program from every CPU (closing the perf events). The
@@ -230,6 +236,8 @@ impl Sampler {
     /// can still be drained.
     pub fn detach(&mut self) {
         self.ebpf = None;
+        // One last read of the ring buffer, then its thread ends.
+        self.reader.finish();
     }
 
     /// Reads the in-kernel counters, summed over CPUs.

@@ -109,6 +109,29 @@ impl KeyBy {
     }
 }
 
+/// `--unit`: ns, us or ms.
+pub fn parse_unit(text: &str) -> Result<Unit, String> {
+    match text {
+        "ns" => Ok(Unit::Nanoseconds),
+        "us" => Ok(Unit::Microseconds),
+        "ms" => Ok(Unit::Milliseconds),
+        _ => Err(format!("{text:?}: the unit is ns, us or ms")),
+    }
+}
+
+/// `--linear MIN,MAX,STEP`.
+pub fn parse_linear(text: &str) -> Result<Layout, String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    let [min, max, step] = parts.as_slice() else {
+        return Err(format!("{text:?}: expected MIN,MAX,STEP, e.g. 0,100,10"));
+    };
+    let number = |s: &str| {
+        s.parse::<i64>()
+            .map_err(|_| format!("{s:?} in {text:?} is not an integer"))
+    };
+    Layout::linear(number(min)?, number(max)?, number(step)?).map_err(|e| e.to_string())
+}
+
 #[derive(Debug, Clone)]
 pub struct LatencyOptions {
     pub measure: Measure,

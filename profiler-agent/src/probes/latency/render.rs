@@ -89,9 +89,9 @@ pub fn text_report(plan: &Plan, snapshot: &Snapshot) -> Result<String, Histogram
     Ok(out)
 }
 
-/// Prometheus text: one histogram family (or a counter for `--count`),
-/// labelled by key.
-pub fn prometheus_report(plan: &Plan, snapshot: &Snapshot) -> Result<String, String> {
+/// Prometheus text: one histogram family `{family}_latency_seconds` (or a
+/// counter `{family}_hits_total` for `--count`), labelled by key.
+pub fn prometheus_report(plan: &Plan, snapshot: &Snapshot, family: &str) -> Result<String, String> {
     let label_name = match plan.key {
         KeyBy::None => None,
         KeyBy::Arg(n) | KeyBy::StringArg(n) => Some(format!("arg{n}")),
@@ -100,18 +100,14 @@ pub fn prometheus_report(plan: &Plan, snapshot: &Snapshot) -> Result<String, Str
     };
     let keys = ordered(plan, snapshot);
     if plan.counting {
-        let mut out = String::from(
-            "# HELP profiler_probe_hits_total Probe hits.\n# TYPE profiler_probe_hits_total counter\n",
-        );
+        let mut out =
+            format!("# HELP {family}_hits_total Probe hits.\n# TYPE {family}_hits_total counter\n");
         for (label, totals) in keys {
             let labels = match &label_name {
                 Some(name) => format!("{{{name}=\"{}\"}}", escape(&label)),
                 None => String::new(),
             };
-            out.push_str(&format!(
-                "profiler_probe_hits_total{labels} {}\n",
-                totals.count
-            ));
+            out.push_str(&format!("{family}_hits_total{labels} {}\n", totals.count));
         }
         return Ok(out);
     }
@@ -130,7 +126,7 @@ pub fn prometheus_report(plan: &Plan, snapshot: &Snapshot) -> Result<String, Str
             histogram: h,
         })
         .collect();
-    let name = format!("profiler_probe_latency{}", plan.unit.prometheus_suffix());
+    let name = format!("{family}_latency{}", plan.unit.prometheus_suffix());
     prometheus::render(
         &name,
         "Time between the start and end probes.",
@@ -220,7 +216,7 @@ mod tests {
             text_report(&p, &snapshot).unwrap(),
             "@count[4]: 2\n@count[-1]: 5\n"
         );
-        let prom = prometheus_report(&p, &snapshot).unwrap();
+        let prom = prometheus_report(&p, &snapshot, "profiler_probe").unwrap();
         assert!(
             prom.contains("profiler_probe_hits_total{arg0=\"-1\"} 5"),
             "{prom}"

@@ -1,0 +1,228 @@
+//! Latency histograms (and hit counts) of the probes listed in the config
+//! (`[[probes]]`), kept in the kernel for the whole run and exported on
+//! `/metrics`: the same plans, BPF programs and rendering as
+//! `profiler-agent latency`, one metric family per probe
+//! (`profiler_probe_<name>_latency_seconds`, `profiler_probe_<name>_hits_total`).
+//!
+//! A probe that cannot be attached (binary missing on this node, a typo)
+//! is logged with the reason and left out; the rest of the agent runs.
+
+use serde::Deserialize;
+
+use crate::probes::histogram::Layout;
+use crate::probes::latency::plan::{parse_linear, parse_unit};
+use crate::probes::latency::render::prometheus_report;
+use crate::probes::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, plan};
+use crate::probes::spec::ProbeSpec;
+
+/// One `[[probes]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeConfig {
+    /// Names the metric family: `profiler_probe_<name>_...`.
+    pub name: String,
+    /// usdt:PATH:PROVIDER:NAME, uprobe:PATH:SYMBOL or uretprobe:PATH:SYMBOL.
+    /// Alone, a uprobe is timed from entry to return.
+    pub start: String,
+    /// The probe that ends the operation; empty for a function or a count.
+    #[serde(default)]
+    pub end: String,
+    /// Count hits of `start` instead of timing.
+    #[serde(default)]
+    pub count: bool,
+    /// Only this process (0: every process running the binary).
+    #[serde(default)]
+    pub pid: u32,
+    /// ns, us or ms: the histogram's bucket unit (exported in seconds).
+    #[serde(default = "default_unit")]
+    pub unit: String,
+    /// Key by argN, str:argN, pid or comm (a label on each series).
+    #[serde(default)]
+    pub by: String,
+    /// Linear buckets MIN,MAX,STEP (in `unit`) instead of log2.
+    #[serde(default)]
+    pub linear: String,
+}
+
+fn default_unit() -> String {
+    "us".into()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeConfigError {
+    #[error("probes: name {0:?} must be letters, digits and _ (it names a metric)")]
+    Name(String),
+    #[error("probes: two probes are named {0:?}")]
+    Duplicate(String),
+    #[error("probe {name}: {message}")]
+    Invalid { name: String, message: String },
+}
+
+impl ProbeConfig {
+    /// The latency options, every field checked (no attaching yet).
+    pub fn options(&self) -> Result<LatencyOptions, ProbeConfigError> {
+        let invalid = |message: String| ProbeConfigError::Invalid {
+            name: self.name.clone(),
+            message,
+        };
+        let spec = |text: &str| ProbeSpec::parse(text).map_err(|e| invalid(e.to_string()));
+        let start = spec(&self.start)?;
+        let measure = match (self.count, self.end.is_empty()) {
+            (true, true) => Measure::Count(start),
+            (true, false) => return Err(invalid("count takes only `start`".into())),
+            (false, true) => Measure::function(start).map_err(|e| invalid(e.to_string()))?,
+            (false, false) => Measure::Between {
+                start,
+                end: spec(&self.end)?,
+            },
+        };
+        Ok(LatencyOptions {
+            measure,
+            pid: (self.pid != 0).then_some(self.pid),
+            unit: parse_unit(&self.unit).map_err(invalid)?,
+            layout: if self.linear.is_empty() {
+                Layout::Log2
+            } else {
+                parse_linear(&self.linear).map_err(invalid)?
+            },
+            key: if self.by.is_empty() {
+                KeyBy::None
+            } else {
+                KeyBy::parse(&self.by).map_err(invalid)?
+            },
+        })
+    }
+}
+
+/// Checks names and every probe's options (the config's validation).
+pub fn validate(probes: &[ProbeConfig]) -> Result<(), ProbeConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    for probe in probes {
+        let valid = !probe.name.is_empty()
+            && probe
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid {
+            return Err(ProbeConfigError::Name(probe.name.clone()));
+        }
+        if !seen.insert(probe.name.as_str()) {
+            return Err(ProbeConfigError::Duplicate(probe.name.clone()));
+        }
+        probe.options()?;
+    }
+    Ok(())
+}
+
+/// The attached probes of a run.
+#[derive(Default)]
+pub struct ProbeHistograms {
+    attached: Vec<(String, Plan, Session)>,
+    /// Probes that could not be attached.
+    pub failed: usize,
+}
+
+impl ProbeHistograms {
+    /// Plans and attaches every probe; one that fails is logged and left
+    /// out.
+    pub fn start(probes: &[ProbeConfig]) -> ProbeHistograms {
+        let mut histograms = ProbeHistograms::default();
+        for probe in probes {
+            let started = probe
+                .options()
+                .map_err(|e| e.to_string())
+                .and_then(|options| plan(&options).map_err(|e| e.to_string()))
+                .and_then(|plan| {
+                    Session::start(&plan)
+                        .map(|session| (plan, session))
+                        .map_err(|e| e.to_string())
+                });
+            match started {
+                Ok((plan, session)) => {
+                    tracing::info!(probe = %probe.name, uprobes = session.attached(), "probe attached");
+                    histograms
+                        .attached
+                        .push((probe.name.clone(), plan, session));
+                }
+                Err(error) => {
+                    tracing::warn!(probe = %probe.name, "probe not attached: {error}");
+                    histograms.failed += 1;
+                }
+            }
+        }
+        histograms
+    }
+
+    pub fn attached(&self) -> usize {
+        self.attached.len()
+    }
+
+    /// Every probe's family in Prometheus text, totals since attaching.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, plan, session) in &self.attached {
+            match prometheus_report(plan, &session.snapshot(), &format!("profiler_probe_{name}")) {
+                Ok(text) => out.push_str(&text),
+                Err(error) => tracing::debug!(probe = %name, "rendering: {error}"),
+            }
+        }
+        out
+    }
+
+    /// Detaches every probe (lowering USDT semaphores).
+    pub fn detach(&mut self) {
+        for (_, _, session) in &mut self.attached {
+            session.detach();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn probe(name: &str, start: &str) -> ProbeConfig {
+        ProbeConfig {
+            name: name.into(),
+            start: start.into(),
+            end: String::new(),
+            count: false,
+            pid: 0,
+            unit: default_unit(),
+            by: String::new(),
+            linear: String::new(),
+        }
+    }
+
+    #[test]
+    fn validation_names_the_probe_and_the_problem() {
+        let ok = probe("gc", "uprobe:/usr/bin/python3.11:PyObject_GC_Collect");
+        validate(std::slice::from_ref(&ok)).unwrap();
+        let error = validate(&[probe("bad-name", &ok.start)]).unwrap_err();
+        assert!(error.to_string().contains("bad-name"), "{error}");
+        let error = validate(&[ok.clone(), ok.clone()]).unwrap_err();
+        assert!(error.to_string().contains("two probes"), "{error}");
+        let usdt_alone = probe("x", "usdt:/bin/app:demo:op__start");
+        let error = validate(&[usdt_alone]).unwrap_err();
+        assert!(error.to_string().starts_with("probe x:"), "{error}");
+        let mut bad_unit = ok.clone();
+        bad_unit.unit = "hours".into();
+        assert!(
+            validate(&[bad_unit])
+                .unwrap_err()
+                .to_string()
+                .contains("hours")
+        );
+        let mut count = probe("hits", "usdt:/bin/app:demo:op__start");
+        count.count = true;
+        count.by = "arg0".into();
+        validate(&[count]).unwrap();
+    }
+
+    #[test]
+    fn a_probe_on_a_missing_binary_is_left_out() {
+        let histograms = ProbeHistograms::start(&[probe("missing", "uprobe:/no/such/binary:main")]);
+        assert_eq!((histograms.attached(), histograms.failed), (0, 1));
+        assert_eq!(histograms.render(), "");
+    }
+}
