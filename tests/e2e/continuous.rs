@@ -699,6 +699,9 @@ fn a_process_in_its_own_namespaces_and_kubelet_cgroup_is_attributed_to_its_conta
         &format!("http://127.0.0.1:{}", api.port),
         "--kubernetes-token-file",
         token.to_str().unwrap(),
+        // Selected by its pod's namespace.
+        "--namespaces",
+        "shop",
     ]);
     agent.wait_ready(port);
     let pods_known = wait_for(Duration::from_secs(10), || {
@@ -1455,4 +1458,61 @@ fn a_long_pull_symbolizes_a_process_that_exited_before_it_ended() {
         "{stacks:?}"
     );
     assert!(agent.terminate(Duration::from_secs(20)).success());
+}
+
+/// `cgroups` keeps only processes under the given cgroup paths: of two
+/// busy processes, the one moved into a test cgroup is profiled, the
+/// other's samples are counted as unselected and never symbolized.
+#[test]
+fn a_cgroup_selection_keeps_only_its_processes() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let inside = Running::start(&hot_named(dir.path(), "in-cgroup"), &[]);
+    let outside = Running::start(&hot_named(dir.path(), "out-of-cgroup"), &[]);
+    let cgroup = TestCgroup::create(
+        &cgroup2_root(),
+        &format!("profiler-test-{}.slice/selected.scope", std::process::id()),
+    );
+    std::fs::write(cgroup.leaf.join("cgroup.procs"), inside.pid().to_string()).unwrap();
+    let line = std::fs::read_to_string(format!("/proc/{}/cgroup", inside.pid())).unwrap();
+    let path = line
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a unified cgroup line")
+        .to_string();
+    // The parent slice selects the scope below it.
+    let slice = path.rsplit_once('/').unwrap().0.to_string();
+    let port = free_port();
+    let mut agent = AgentRun::start(&[
+        "--pids",
+        &format!("{},{}", inside.pid(), outside.pid()),
+        "--cgroups",
+        &slice,
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--window",
+        "1s",
+        "--directory-path",
+        "",
+    ]);
+    agent.wait_ready(port);
+    let (status, body) = http_get(
+        port,
+        "/debug/pprof/profile?seconds=2",
+        Duration::from_secs(30),
+    )
+    .expect("a pull answers");
+    assert_eq!(status, 200);
+    let stacks = stacks(&profiler_agent::profile::pprof::decode(&body).unwrap());
+    assert!(stacks.iter().any(|s| s.has("hot_a")), "{stacks:?}");
+    for stack in &stacks {
+        assert_eq!(stack.labels["pid"], inside.pid().to_string(), "{stack:?}");
+    }
+    let unselected = metric_value(&metrics(port), "profiler_agent_samples_unselected_total");
+    assert!(unselected.is_some_and(|v| v > 0.0), "{}", metrics(port));
+    assert!(agent.terminate(Duration::from_secs(20)).success());
+    drop(inside);
+    drop(outside);
+    drop(cgroup);
 }

@@ -40,6 +40,22 @@ pub struct RunArgs {
         value_name = "PID,..."
     )]
     pub pids: Option<Vec<u32>>,
+    /// Only processes in these cgroups (path prefixes), comma-separated.
+    #[arg(
+        long,
+        env = "PROFILER_AGENT_CGROUPS",
+        value_delimiter = ',',
+        value_name = "PATH,..."
+    )]
+    pub cgroups: Option<Vec<String>>,
+    /// Only pods in these Kubernetes namespaces, comma-separated.
+    #[arg(
+        long,
+        env = "PROFILER_AGENT_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "NS,..."
+    )]
+    pub namespaces: Option<Vec<String>>,
     /// The `node` label [default: $NODE_NAME, else the hostname].
     #[arg(long, env = "PROFILER_AGENT_NODE")]
     pub node: Option<String>,
@@ -169,6 +185,8 @@ impl RunArgs {
             frequency_hz: self.frequency_hz,
             window: self.window,
             pids: self.pids.clone(),
+            cgroups: self.cgroups.clone(),
+            namespaces: self.namespaces.clone(),
             node: self.node.clone(),
             listen: self.listen.clone(),
             max_pull_seconds: self.max_pull_seconds,

@@ -154,6 +154,8 @@ pub struct Agent {
     pods: Option<Watcher>,
     /// Histograms of the configured probes, for `/metrics`.
     probes: ProbeHistograms,
+    /// The cgroup / namespace selection applied to samples.
+    selection: super::metadata::Selection,
     /// Totals of samplers that were restarted.
     carried: Totals,
     meta: MetadataCache,
@@ -192,6 +194,7 @@ impl Agent {
         // a cluster this is None and labels come from /proc alone.
         let pods = kubernetes::start(&config.kubernetes, &node, Arc::new(AtomicBool::new(false)))?;
         let probes = ProbeHistograms::start(&config.probes);
+        let selection = config.selection();
         metrics
             .probes_attached
             .store(probes.attached() as u64, Relaxed);
@@ -201,7 +204,7 @@ impl Agent {
             cpus = recorder.cpus().len(),
             frequency_hz = config.frequency_hz,
             window = %humantime::format_duration(config.window),
-            scope = if config.pids.is_empty() { "node".to_string() } else { format!("pids {:?}", config.pids) },
+            scope = %scope_text(&config),
             exporters = %exporters.iter().map(|e| e.stats().name.clone()).collect::<Vec<_>>().join(","),
             listen = %server.as_ref().map_or("off".to_string(), |s| s.addr.to_string()),
             "profiling"
@@ -216,6 +219,7 @@ impl Agent {
             meta: MetadataCache::new("/proc", pods.as_ref().map(|w| w.index.clone())),
             pods,
             probes,
+            selection,
             carried: Totals::default(),
             window: Accumulator::new(),
             pulls: Vec::new(),
@@ -280,6 +284,10 @@ impl Agent {
 
     fn merge(&mut self, stacks: HashMap<StackKey, u64>) {
         for (key, count) in stacks {
+            if !self.meta.selected(key.pid, &self.selection) {
+                self.metrics.samples_unselected.fetch_add(count, Relaxed);
+                continue;
+            }
             for pull in &mut self.pulls {
                 let wanted = pull.pid.is_none_or(|pid| pid == key.pid)
                     && pull
@@ -636,6 +644,25 @@ fn export_window(
     });
     for exporter in exporters {
         exporter.push(batch.clone());
+    }
+}
+
+/// What the run profiles, for the start line.
+fn scope_text(config: &Config) -> String {
+    let mut parts = Vec::new();
+    if !config.pids.is_empty() {
+        parts.push(format!("pids {:?}", config.pids));
+    }
+    if !config.cgroups.is_empty() {
+        parts.push(format!("cgroups {:?}", config.cgroups));
+    }
+    if !config.namespaces.is_empty() {
+        parts.push(format!("namespaces {:?}", config.namespaces));
+    }
+    if parts.is_empty() {
+        "node".into()
+    } else {
+        parts.join(", ")
     }
 }
 

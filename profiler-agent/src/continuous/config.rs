@@ -41,6 +41,11 @@ pub struct Config {
     pub window: Duration,
     /// Processes to profile; empty profiles the whole node.
     pub pids: Vec<u32>,
+    /// Only processes in these cgroups (path prefixes as in
+    /// `/proc/PID/cgroup`, whole components); empty: any.
+    pub cgroups: Vec<String>,
+    /// Only processes of pods in these Kubernetes namespaces; empty: any.
+    pub namespaces: Vec<String>,
     /// The `node` label; empty means `$NODE_NAME`, else the hostname.
     pub node: String,
     /// Address of the pull endpoints (`/debug/pprof/profile`, `/metrics`,
@@ -176,6 +181,8 @@ impl Default for Config {
             frequency_hz: 100,
             window: Duration::from_secs(15),
             pids: Vec::new(),
+            cgroups: Vec::new(),
+            namespaces: Vec::new(),
             node: String::new(),
             listen: "127.0.0.1:6060".into(),
             max_pull_seconds: 300,
@@ -247,6 +254,8 @@ pub struct Overrides {
     pub frequency_hz: Option<u64>,
     pub window: Option<Duration>,
     pub pids: Option<Vec<u32>>,
+    pub cgroups: Option<Vec<String>>,
+    pub namespaces: Option<Vec<String>>,
     pub node: Option<String>,
     pub listen: Option<String>,
     pub max_pull_seconds: Option<u64>,
@@ -321,6 +330,8 @@ impl Config {
         set(&mut self.frequency_hz, &o.frequency_hz);
         set(&mut self.window, &o.window);
         set(&mut self.pids, &o.pids);
+        set(&mut self.cgroups, &o.cgroups);
+        set(&mut self.namespaces, &o.namespaces);
         set(&mut self.node, &o.node);
         set(&mut self.listen, &o.listen);
         set(&mut self.max_pull_seconds, &o.max_pull_seconds);
@@ -388,6 +399,18 @@ impl Config {
                 "must be HOST:PORT (e.g. 127.0.0.1:6060, 0.0.0.0:6060), or \"off\"",
             );
         }
+        if self.cgroups.iter().any(|c| !c.starts_with('/')) {
+            return invalid(
+                "cgroups",
+                "each entry is a cgroup path as /proc/PID/cgroup shows it, starting with /",
+            );
+        }
+        if !self.namespaces.is_empty() && self.kubernetes.enabled == KubernetesMode::Off {
+            return invalid(
+                "namespaces",
+                "selecting Kubernetes namespaces needs [kubernetes] enabled (auto or on)",
+            );
+        }
         if self.max_pull_seconds == 0 {
             return invalid("max_pull_seconds", "must be at least 1");
         }
@@ -436,6 +459,14 @@ impl Config {
             message: e.to_string(),
         })?;
         Ok(())
+    }
+
+    /// The cgroup and namespace selection.
+    pub fn selection(&self) -> super::metadata::Selection {
+        super::metadata::Selection {
+            cgroups: self.cgroups.clone(),
+            namespaces: self.namespaces.clone(),
+        }
     }
 
     /// The listen address; None when the endpoints are off.
@@ -505,6 +536,8 @@ mod tests {
             "frequency_hz",
             "window",
             "pids",
+            "cgroups",
+            "namespaces",
             "node",
             "listen",
             "max_pull_seconds",

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::kubernetes::{PodContainer, PodIndex};
-use crate::process::{ContainerInfo, container_of};
+use crate::process::ContainerInfo;
 use crate::profile::Profile;
 
 /// One process's labels.
@@ -19,6 +19,9 @@ pub struct ProcessMeta {
     /// `service_name` outside Kubernetes.
     pub service: String,
     pub container: Option<ContainerInfo>,
+    /// The paths of `/proc/PID/cgroup` (the unified one first), for the
+    /// `cgroups` selection.
+    pub cgroups: Vec<String>,
 }
 
 /// Per-pid metadata, read on first sight.
@@ -68,9 +71,14 @@ impl MetadataCache {
 
     pub fn get(&mut self, pid: u32) -> &ProcessMeta {
         let root = &self.proc_root;
-        self.entries.entry(pid).or_insert_with(|| ProcessMeta {
-            service: service_name(root, pid),
-            container: container_of(root, pid),
+        self.entries.entry(pid).or_insert_with(|| {
+            let cgroup = std::fs::read_to_string(root.join(pid.to_string()).join("cgroup"))
+                .unwrap_or_default();
+            ProcessMeta {
+                service: service_name(root, pid),
+                container: crate::process::parse_cgroup(&cgroup),
+                cgroups: cgroup_paths(&cgroup),
+            }
         })
     }
 
@@ -124,6 +132,72 @@ impl MetadataCache {
                 }
             }
         }
+    }
+}
+
+/// The paths of a `/proc/PID/cgroup` text, the unified (`0::`) one first.
+pub fn cgroup_paths(text: &str) -> Vec<String> {
+    let mut lines: Vec<(bool, String)> = text
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.splitn(3, ':');
+            let unified = fields.next()? == "0";
+            fields.next()?;
+            Some((unified, fields.next()?.to_string()))
+        })
+        .collect();
+    lines.sort_by_key(|(unified, _)| !unified);
+    lines.dedup_by(|a, b| a.1 == b.1);
+    lines.into_iter().map(|(_, path)| path).collect()
+}
+
+/// Which processes a continuous run keeps, beyond the in-kernel pid
+/// filter: any of the cgroup path prefixes, and any of the Kubernetes
+/// namespaces; an empty list selects everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    pub cgroups: Vec<String>,
+    pub namespaces: Vec<String>,
+}
+
+impl Selection {
+    pub fn is_everything(&self) -> bool {
+        self.cgroups.is_empty() && self.namespaces.is_empty()
+    }
+}
+
+impl MetadataCache {
+    /// Whether `pid` is in `selection`. A cgroup prefix matches whole path
+    /// components (`/system.slice/nginx` does not select
+    /// `/system.slice/nginx-exporter.service`); a namespace needs the pod
+    /// known from the API server.
+    pub fn selected(&mut self, pid: u32, selection: &Selection) -> bool {
+        if selection.is_everything() {
+            return true;
+        }
+        if !selection.cgroups.is_empty() {
+            let paths = &self.get(pid).cgroups;
+            let in_cgroup = selection.cgroups.iter().any(|prefix| {
+                let prefix = prefix.trim_end_matches('/');
+                paths.iter().any(|path| {
+                    prefix.is_empty()
+                        || path == prefix
+                        || path
+                            .strip_prefix(prefix)
+                            .is_some_and(|rest| rest.starts_with('/'))
+                })
+            });
+            if !in_cgroup {
+                return false;
+            }
+        }
+        if !selection.namespaces.is_empty() {
+            let namespace = self.pod(pid).map(|p| p.namespace);
+            if !namespace.is_some_and(|n| selection.namespaces.contains(&n)) {
+                return false;
+            }
+        }
+        true
     }
 }
 
@@ -212,6 +286,16 @@ mod tests {
     }
 
     #[test]
+    fn cgroup_paths_put_the_unified_hierarchy_first() {
+        let hybrid = "12:pids:/system.slice/a.service\n1:name=systemd:/system.slice/a.service\n0::/system.slice/a.service\n";
+        assert_eq!(cgroup_paths(hybrid), ["/system.slice/a.service"]);
+        let v1 =
+            "3:cpu,cpuacct:/kubepods/burstable/pod1/abc\n2:memory:/kubepods/burstable/pod1/abc\n";
+        assert_eq!(cgroup_paths(v1), ["/kubepods/burstable/pod1/abc"]);
+        assert!(cgroup_paths("").is_empty());
+    }
+
+    #[test]
     fn service_names() {
         let root = fake_proc();
         assert_eq!(service_name(root.path(), 10), "nginx");
@@ -241,6 +325,23 @@ mod tests {
         assert_eq!(sample.label("pod_uid"), None);
         cache.get(12);
         assert_eq!(cache.len(), 2);
+        assert!(cache.get(12).cgroups.is_empty());
+        // Selection by cgroup: pid 10 is in system.slice.
+        let by = |cgroups: &[&str]| Selection {
+            cgroups: cgroups.iter().map(|c| c.to_string()).collect(),
+            namespaces: Vec::new(),
+        };
+        assert!(cache.selected(10, &by(&[])));
+        assert!(cache.selected(10, &by(&["/system.slice"])));
+        assert!(cache.selected(10, &by(&["/system.slice/"])));
+        assert!(!cache.selected(10, &by(&["/system.sl"])));
+        assert!(!cache.selected(10, &by(&["/kubepods.slice"])));
+        // A namespace needs the API server's pod: none here.
+        let namespaced = Selection {
+            cgroups: Vec::new(),
+            namespaces: vec!["shop".into()],
+        };
+        assert!(!cache.selected(10, &namespaced));
         // Pid 12 has no stat file: it counts as exited, unless an open pull
         // still needs it.
         assert_eq!(cache.evict_exited(|pid| pid == 12), 0);

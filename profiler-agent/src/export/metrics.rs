@@ -42,6 +42,8 @@ pub struct Metrics {
     pub bpf_unwind_processes: AtomicU64,
     pub bpf_unwind_processes_capacity: AtomicU64,
     pub unwind_tables_dropped: AtomicU64,
+    /// Samples of processes outside the cgroup/namespace selection.
+    pub samples_unselected: AtomicU64,
     pub probes_attached: AtomicU64,
     pub probes_failed: AtomicU64,
     /// The configured probes' families, rendered by the run loop.
@@ -106,7 +108,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let l = |a: &AtomicU64| a.load(Relaxed);
-        let counters: [(&str, &str, u64); 31] = [
+        let counters: [(&str, &str, u64); 32] = [
             (
                 "profiler_agent_kernel_samples_total",
                 "Perf events that fired (samples taken by the kernel, idle included).",
@@ -236,6 +238,11 @@ impl Metrics {
                 "profiler_agent_unwind_tables_dropped_total",
                 "Unwind tables that did not fit in the row array (those binaries unwind by frame pointers).",
                 l(&self.unwind_tables_dropped),
+            ),
+            (
+                "profiler_agent_samples_unselected_total",
+                "Samples of processes outside the configured cgroups/namespaces (dropped).",
+                l(&self.samples_unselected),
             ),
             (
                 "profiler_agent_probes_attached",
