@@ -1,28 +1,52 @@
 //! DWARF: function, file and line with inline frames, for C, C++ and Rust
 //! (and Go when the pclntab resolver does not claim an address), through
-//! gimli/addr2line. Debug info may sit in the binary itself (compressed
-//! sections included) or in a separate file found by build id or
-//! `.gnu_debuglink` (see `debug_file`).
+//! gimli. Debug info may sit in the binary itself (compressed sections
+//! included) or in a separate file found by build id or `.gnu_debuglink`
+//! (see `debug_file`).
+//!
+//! Memory stays bounded whatever the number of compilation units: loading
+//! builds only an address index (`units`: ranges from `.debug_aranges`,
+//! or from a unit's root DIE read once and dropped, plus unit offsets);
+//! a lookup parses the unit holding the address — its functions, line
+//! table and the inline tree of the function hit — into a small LRU of
+//! parsed units (`cache`). Answers are addr2line's (`Context::find_frames`):
+//! the same unit order, function and inline range searches, names and
+//! file paths.
 
+mod cache;
 mod debug_file;
+mod functions;
+mod lines;
+mod names;
 mod sections;
+mod units;
 
 pub use debug_file::find_debug_file;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use addr2line::LookupResult;
+use gimli::Reader as _;
 use object::{Object, ObjectSection};
 
+use self::cache::{ParsedUnit, UnitCache};
+use self::lines::Location;
 use self::sections::{SectionData, SectionReader};
+use self::units::{Dwarf, UnitIndex};
 use super::demangle::demangle;
 use super::frame::{Frame, Resolver};
 
-/// A lazily indexed DWARF context over one file's debug sections.
+/// Parsed units kept per file: a hot set of functions usually spans a few
+/// units; beyond these counts the least recently used unit is dropped.
+const CACHED_UNITS: usize = 32;
+/// Estimated heap the cached units of one file may hold (the most recently
+/// used unit stays whatever its size).
+const CACHE_BUDGET: usize = 4 << 20;
+
+/// One file's DWARF, indexed by address, its units parsed on demand.
 pub struct DwarfSymbols {
-    // addr2line's context fills its caches through interior mutability
-    // (not Sync); a lookup holds the lock for microseconds.
-    context: Mutex<addr2line::Context<SectionReader>>,
+    dwarf: Dwarf,
+    index: UnitIndex,
+    cache: UnitCache,
 }
 
 impl DwarfSymbols {
@@ -41,7 +65,10 @@ impl DwarfSymbols {
         let load = |id: gimli::SectionId| -> Result<SectionReader, gimli::Error> {
             // Location lists describe variables, never code addresses: not
             // inflating them saves megabytes per large debug file.
-            if matches!(id, gimli::SectionId::DebugLoc | gimli::SectionId::DebugLocLists) {
+            if matches!(
+                id,
+                gimli::SectionId::DebugLoc | gimli::SectionId::DebugLocLists
+            ) {
                 return Ok(SectionReader::new(SectionData::empty(), endian));
             }
             let data = match file.section_by_name(id.name()) {
@@ -51,11 +78,136 @@ impl DwarfSymbols {
             Ok(SectionReader::new(data, endian))
         };
         let dwarf = gimli::Dwarf::load(load).ok()?;
-        let context = addr2line::Context::from_dwarf(dwarf).ok()?;
-        Some(DwarfSymbols {
-            context: Mutex::new(context),
-        })
+        Some(Self::from_dwarf(dwarf))
     }
+
+    fn from_dwarf(dwarf: Dwarf) -> Self {
+        Self::with_cache(dwarf, CACHED_UNITS, CACHE_BUDGET)
+    }
+
+    fn with_cache(dwarf: Dwarf, units: usize, budget: usize) -> Self {
+        let index = UnitIndex::build(&dwarf);
+        tracing::debug!(
+            units = index.unit_count(),
+            index_bytes = index.heap_bytes(),
+            "DWARF address index built"
+        );
+        DwarfSymbols {
+            dwarf,
+            index,
+            cache: UnitCache::new(units, budget),
+        }
+    }
+
+    /// The parsed unit at `index` of the unit index.
+    fn unit(&self, index: usize) -> gimli::Result<Arc<ParsedUnit>> {
+        let offset = self
+            .index
+            .unit_offset(index)
+            .ok_or(gimli::Error::NoEntryAtGivenOffset)?;
+        self.cache
+            .get_or_parse(index, || ParsedUnit::parse(&self.dwarf, index, offset))
+    }
+
+    /// The unit holding the DIE at `offset` of `.debug_info`, and the
+    /// DIE's offset in it (for `DW_FORM_ref_addr`).
+    fn unit_at(
+        &self,
+        offset: gimli::DebugInfoOffset<usize>,
+    ) -> gimli::Result<(Arc<ParsedUnit>, gimli::UnitOffset<usize>)> {
+        let index = self
+            .index
+            .unit_containing(offset.0)
+            .ok_or(gimli::Error::NoEntryAtGivenOffset)?;
+        let unit = self.unit(index)?;
+        let offset = offset
+            .to_unit_offset(unit.header())
+            .ok_or(gimli::Error::NoEntryAtGivenOffset)?;
+        Ok((unit, offset))
+    }
+
+    /// Frames for `probe`, innermost first, as addr2line's `find_frames`
+    /// gives them: `None` for an error, for an address without a function
+    /// DIE, or when no frame has a name.
+    fn frames(&self, probe: u64) -> Option<Vec<Frame>> {
+        for index in self.index.candidates(probe) {
+            // A unit that cannot be parsed is not there (as in addr2line,
+            // which leaves such units out).
+            let Ok(unit) = self.unit(index) else {
+                continue;
+            };
+            let function = unit.functions(&self.dwarf).ok()?.find(probe);
+            let tree = match function {
+                Some(die) => Some(unit.inline_tree(&self.dwarf, die).ok()?),
+                None => None,
+            };
+            let lines = unit.lines(&self.dwarf).ok()?;
+            let location = lines.and_then(|l| l.find_location(probe));
+            match (function, tree) {
+                (Some(die), Some(tree)) => {
+                    return self.chain(&unit, die, &tree.find(probe), lines, location);
+                }
+                // Only a line: no function to name it (the symbol table
+                // will).
+                _ if location.is_some() => return None,
+                _ => continue,
+            }
+        }
+        None
+    }
+
+    /// The frames of the subprogram `function` with the inlined
+    /// subroutines `inlined` (outermost first) holding the address at
+    /// `location`. Each inlined frame's caller is located at its call site.
+    fn chain(
+        &self,
+        unit: &Arc<ParsedUnit>,
+        function: gimli::UnitOffset<usize>,
+        inlined: &[functions::Inlined],
+        lines: Option<&lines::Lines>,
+        location: Option<Location<'_>>,
+    ) -> Option<Vec<Frame>> {
+        let mut frames = Vec::with_capacity(inlined.len() + 1);
+        let mut location = location;
+        for call in inlined.iter().rev() {
+            let here = location.take();
+            location = Some(Location {
+                file: call.call_file.and_then(|f| lines.and_then(|l| l.file(f))),
+                line: (call.call_line != 0).then_some(call.call_line),
+            });
+            let name = names::function_name(self, unit, call.die).ok()?;
+            push_frame(&mut frames, name, here)?;
+        }
+        let name = names::function_name(self, unit, function).ok()?;
+        push_frame(&mut frames, name, location)?;
+        // Without any named function DIE (assembly, stripped DIEs) let the
+        // symbol table name it.
+        let last = frames.last_mut()?;
+        last.inlined = false;
+        Some(frames)
+    }
+}
+
+/// Appends the frame of a function named `name` (skipped when it has no
+/// name, as addr2line's unnamed frames were).
+fn push_frame(
+    frames: &mut Vec<Frame>,
+    name: Option<SectionReader>,
+    location: Option<Location<'_>>,
+) -> Option<()> {
+    let Some(name) = name else {
+        return Some(());
+    };
+    let raw = name.to_string_lossy().ok()?;
+    let function = demangle(&raw);
+    frames.push(Frame {
+        system_name: (function != raw).then(|| raw.to_string()),
+        function,
+        file: location.and_then(|l| l.file).map(str::to_string),
+        line: location.and_then(|l| l.line),
+        inlined: true,
+    });
+    Some(())
 }
 
 impl Resolver for DwarfSymbols {
@@ -64,33 +216,12 @@ impl Resolver for DwarfSymbols {
     }
 
     fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
-        let context = self.context.lock().ok()?;
-        let mut iter = match context.find_frames(address) {
-            LookupResult::Output(result) => result.ok()?,
-            // Split DWARF (.dwo) is not loaded: what the skeleton unit
-            // knows is used instead.
-            LookupResult::Load { .. } => context.find_frames(address).skip_all_loads().ok()?,
-        };
-        let mut frames = Vec::new();
-        while let Ok(Some(frame)) = iter.next() {
-            let Some(function) = frame.function.as_ref() else {
-                continue;
-            };
-            let raw = function.raw_name().ok()?;
-            let name = demangle(&raw);
-            let location = frame.location.as_ref();
-            frames.push(Frame {
-                system_name: (name != raw).then(|| raw.to_string()),
-                function: name,
-                file: location.and_then(|l| l.file).map(str::to_string),
-                line: location.and_then(|l| l.line),
-                inlined: true,
-            });
-        }
-        // Without a function DIE (assembly, stripped DIEs) let the symbol
-        // table name it.
-        let last = frames.last_mut()?;
-        last.inlined = false;
-        Some(frames)
+        let frames = self.frames(address);
+        // Tables filled in by this lookup count against the budget now.
+        self.cache.trim();
+        frames
     }
 }
+
+#[cfg(test)]
+mod tests;

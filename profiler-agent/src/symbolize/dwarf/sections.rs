@@ -2,6 +2,7 @@
 //! sections are windows into the memory-mapped file; compressed ones
 //! (`SHF_COMPRESSED`, `.zdebug_*`) are inflated once into an owned buffer.
 
+use std::borrow::Cow;
 use std::ops::{Deref, Range};
 use std::sync::Arc;
 
@@ -12,6 +13,10 @@ use object::ObjectSection;
 pub enum SectionData {
     Mapped(Arc<memmap2::Mmap>, Range<usize>),
     Owned(Arc<[u8]>),
+    /// A compressed section's bytes, kept in the buffer they were inflated
+    /// into (copying them into an `Arc<[u8]>` would hold two copies at
+    /// once: megabytes of peak heap for a large debug file).
+    Inflated(Arc<Vec<u8>>),
 }
 
 impl SectionData {
@@ -33,7 +38,8 @@ impl SectionData {
             return SectionData::Mapped(map.clone(), start..start + size);
         }
         match section.uncompressed_data() {
-            Ok(bytes) => SectionData::Owned(Arc::from(&*bytes)),
+            Ok(Cow::Owned(bytes)) => SectionData::Inflated(Arc::new(bytes)),
+            Ok(Cow::Borrowed(bytes)) => SectionData::Owned(Arc::from(bytes)),
             Err(_) => SectionData::empty(),
         }
     }
@@ -46,12 +52,14 @@ impl Deref for SectionData {
         match self {
             SectionData::Mapped(map, range) => &map[range.clone()],
             SectionData::Owned(bytes) => bytes,
+            SectionData::Inflated(bytes) => bytes,
         }
     }
 }
 
-// SAFETY (of the StableDeref contract gimli relies on): both variants
-// deref to heap or mmap memory that does not move when the value moves.
+// SAFETY (of the StableDeref contract gimli relies on): every variant
+// derefs to heap or mmap memory that does not move when the value moves
+// (an `Arc<Vec<u8>>`'s buffer is never resized: nothing mutates it).
 unsafe impl gimli::StableDeref for SectionData {}
 // SAFETY: cloning shares the same Arc'd memory, so the slice stays put.
 unsafe impl gimli::CloneStableDeref for SectionData {}
