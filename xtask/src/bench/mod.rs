@@ -6,6 +6,7 @@
 
 mod bpf_stats;
 mod codec;
+mod continuous;
 mod growth;
 mod overhead;
 mod process;
@@ -45,6 +46,22 @@ pub struct Plan {
     pub addresses: usize,
     pub encode_hz: u64,
     pub encode_window: Duration,
+    /// `profiler-agent run --window`: one profile per window.
+    pub continuous_window: Duration,
+    /// From the agent's readiness to the first measured window boundary
+    /// (start-up, first symbolization of every binary, caches filling).
+    pub continuous_warmup: Duration,
+    /// Whole windows measured in steady state.
+    pub continuous_windows: u64,
+    /// Idle processes of the second continuous configuration.
+    pub idle_processes: usize,
+    /// perf's and bpftrace's settle time and measured period under the
+    /// same load (the same-run baseline of the continuous agent).
+    pub baseline_warmup: Duration,
+    pub baseline_steady: Duration,
+    /// The baselines run (quick: perf only, bpftrace's start and exit
+    /// are slow).
+    pub baselines: Vec<profilers::Tool>,
 }
 
 impl Plan {
@@ -63,6 +80,19 @@ impl Plan {
             // 10 kHz on each of 2 CPUs for 5 s: about 100,000 samples.
             encode_hz: if quick { 1000 } else { 10_000 },
             encode_window: if quick { seconds(1) } else { seconds(5) },
+            // Full: 10 s warm-up, then 12 windows of 5 s (60 s). Quick:
+            // two 2 s windows, enough to see windows built and exported.
+            continuous_window: if quick { seconds(2) } else { seconds(5) },
+            continuous_warmup: if quick { seconds(1) } else { seconds(10) },
+            continuous_windows: if quick { 2 } else { 12 },
+            idle_processes: 200,
+            baseline_warmup: if quick { seconds(0) } else { seconds(2) },
+            baseline_steady: if quick { seconds(1) } else { seconds(30) },
+            baselines: if quick {
+                vec![profilers::Tool::Perf]
+            } else {
+                vec![profilers::Tool::Perf, profilers::Tool::Bpftrace]
+            },
         }
     }
 }
@@ -130,6 +160,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "encoding",
         codec::encoding(&env, &plan).map(|r| results.encoding = Some(r)),
     );
+    results.continuous = continuous::run(&env, &plan);
+    errors.append(&mut results.continuous.errors);
     results.load_after = load_average();
     results.elapsed = started.elapsed();
     results.errors = errors;

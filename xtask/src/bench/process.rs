@@ -177,15 +177,29 @@ pub fn read_usage(pid: u32) -> Option<Usage> {
         return None;
     }
     let ticks: u64 = rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let hwm_kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())?;
+    let hwm_kib = status_kib(pid, "VmHWM:")?;
     Some(Usage {
         cpu_seconds: ticks as f64 / clock_ticks_per_second(),
         peak_rss_bytes: hwm_kib * 1024,
     })
+}
+
+/// The resident set size of a live process right now, in bytes: VmRSS
+/// and its anonymous part, RssAnon (heap, stacks: not page cache of mapped
+/// files, which the kernel can reclaim).
+pub fn read_rss_bytes(pid: u32) -> Option<(u64, u64)> {
+    let rss = status_kib(pid, "VmRSS:")?;
+    let anon = status_kib(pid, "RssAnon:")?;
+    Some((rss * 1024, anon * 1024))
+}
+
+/// A `kB` field of /proc/PID/status, e.g. `VmHWM:`.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 fn clock_ticks_per_second() -> f64 {

@@ -13,7 +13,7 @@ use super::bpf_stats::{self, BpfCounters};
 use super::process::{Managed, read_usage, wait_until};
 
 /// bcc compiles its program with clang on start: allow for a slow machine.
-const READY_TIMEOUT: Duration = Duration::from_secs(120);
+pub const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a profiler may take to write its output after SIGINT.
 const STOP_TIMEOUT: Duration = Duration::from_secs(180);
 /// After the program is loaded, attaching to every CPU takes a moment.
@@ -227,6 +227,27 @@ impl WindowCost {
 }
 
 impl Running {
+    /// Wraps a profiler that was started elsewhere and is sampling (the
+    /// continuous agent, which is told apart from `record` by its command).
+    pub fn from_process(
+        tool: Tool,
+        process: Managed,
+        log: PathBuf,
+        output: Option<PathBuf>,
+    ) -> Running {
+        Running {
+            tool,
+            process: Some(process),
+            log,
+            output,
+        }
+    }
+
+    /// The profiler's process id (None for `Tool::None`).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(Managed::pid)
+    }
+
     pub fn snapshot(&self) -> anyhow::Result<Snapshot> {
         let at = Instant::now();
         let Some(process) = &self.process else {

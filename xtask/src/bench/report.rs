@@ -6,6 +6,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::codec::{EncodingRow, SymbolizeRow};
+use super::continuous::{self, Continuous, Setup};
 use super::growth::GrowthRow;
 use super::overhead::Overhead;
 use super::profilers::Tool;
@@ -21,6 +22,7 @@ pub struct Results {
     pub cpus: Vec<GrowthRow>,
     pub symbolize: Vec<SymbolizeRow>,
     pub encoding: Option<EncodingRow>,
+    pub continuous: Continuous,
     pub load_before: String,
     pub load_after: String,
     pub elapsed: Duration,
@@ -261,8 +263,11 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
         );
     }
 
-    // 5. Probes.
-    let _ = writeln!(md, "## 5. Probes\n");
+    // 5. The continuous agent.
+    continuous_section(&mut md, plan, &r.continuous);
+
+    // 6. Probes.
+    let _ = writeln!(md, "## 6. Probes\n");
     let _ = writeln!(
         md,
         "| probe overhead (uprobe/USDT latency histograms) vs bpftrace | not yet |\n|---|---|\n"
@@ -282,6 +287,185 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
         }
     }
     md
+}
+
+/// Section 5: `profiler-agent run` in steady state against perf and
+/// bpftrace under the same load.
+fn continuous_section(md: &mut String, plan: &Plan, c: &Continuous) {
+    let _ = writeln!(md, "## 5. The continuous agent (`profiler-agent run`)\n");
+    let _ = writeln!(
+        md,
+        "`{}`: the whole node (no `--pids`), windows written as pprof files. Two setups: one \
+         busy process (C deep stacks, 1 thread) and the same plus {} idle `sleep` processes. \
+         Steady state: after a {} s warm-up, from one window boundary \
+         (`profiler_agent_windows_total` ticking on `/metrics`) over the next {} windows ({} s). \
+         CPU: user+system CPU seconds per wall second (/proc/PID/stat); VmRSS sampled every \
+         0.2 s over the period, median and max, and its anonymous part RssAnon (heap; the rest \
+         is page cache of mapped files, e.g. binaries being symbolized, which the kernel can \
+         reclaim); VmHWM at the period's end (start-up and warm-up included). Same-run baseline: {} system-wide under the same load, \
+         {} s after a {} s settle; ratio = agent ÷ that tool (above 1: the agent costs more; \
+         – where the tool's figure is 0 at /proc's 10 ms resolution). BPF: the time of the \
+         tool's perf_event programs, charged to the interrupted tasks.\n",
+        continuous::command_line(plan),
+        plan.idle_processes,
+        plan.continuous_warmup.as_secs_f64(),
+        plan.continuous_windows,
+        (plan.continuous_window * plan.continuous_windows as u32).as_secs_f64(),
+        plan.baselines
+            .iter()
+            .map(|t| format!("`{}`", t.command_line(plan.hz)))
+            .collect::<Vec<_>>()
+            .join(" and "),
+        plan.baseline_steady.as_secs_f64(),
+        plan.baseline_warmup.as_secs_f64(),
+    );
+    if c.rows.is_empty() {
+        let _ = writeln!(md, "not measured (see failed scenarios)\n");
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "| setup | tool | measured s | CPU % of a core | agent CPU ÷ tool's | VmRSS MiB median (max) | RssAnon MiB median (max) | VmHWM MiB | agent RSS ÷ tool's | BPF CPU share of a core |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|");
+    let ratio = |agent: Option<f64>, peer: Option<f64>| match (agent, peer) {
+        (Some(a), Some(p)) if p > 0.0 => format!("{:.2}", a / p),
+        _ => "–".into(),
+    };
+    for setup in Setup::ALL {
+        let agent = c.row(setup, Tool::Agent);
+        for &tool in std::iter::once(&Tool::Agent).chain(&plan.baselines) {
+            let Some(row) = c.row(setup, tool) else {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | not measured | | | | | | | |",
+                    setup.label(plan),
+                    tool.name()
+                );
+                continue;
+            };
+            let rss_median = |r: &continuous::Steady| r.rss.map(|s| s.median);
+            let (cpu_ratio, rss_ratio) = if tool == Tool::Agent {
+                ("–".into(), "–".into())
+            } else {
+                (
+                    ratio(
+                        agent.map(|a| a.cost.cpu_per_wall),
+                        Some(row.cost.cpu_per_wall),
+                    ),
+                    ratio(agent.and_then(rss_median), rss_median(row)),
+                )
+            };
+            let bpf_share = row
+                .cost
+                .bpf
+                .map(|b| b.run_time_ns as f64 / (row.cost.wall_seconds * 1e9));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.1} | {:.2} | {cpu_ratio} | {} | {} | {:.1} | {rss_ratio} | {} |",
+                setup.label(plan),
+                tool.name(),
+                row.cost.wall_seconds,
+                row.cost.cpu_per_wall * 100.0,
+                median_max_mib(row.rss),
+                median_max_mib(row.anon),
+                mib(row.hwm_bytes),
+                if tool.loads_bpf() {
+                    opt(bpf_share.map(|v| v * 100.0), 3, " %")
+                } else {
+                    "no BPF".into()
+                },
+            );
+        }
+    }
+    let _ = writeln!(md);
+
+    let with_build = c
+        .rows
+        .iter()
+        .filter_map(|r| r.windows.as_ref())
+        .any(|w| w.build_seconds.is_some());
+    let _ = writeln!(
+        md,
+        "One window's cost, from the agent's `/metrics` over the same periods. Agent CPU per \
+         window: all of its CPU time (receiving and aggregating samples for {} s, then \
+         symbolizing, encoding and exporting) divided by the windows. {} Export: \
+         `profiler_agent_export_duration_seconds` _sum / _count, per exporter (on its own \
+         thread, after the build).\n",
+        plan.continuous_window.as_secs_f64(),
+        if with_build {
+            "Build: `profiler_agent_window_build_seconds_total` per window, the run loop's wall \
+             time turning a window into profiles (symbolization, labels, encoding)."
+        } else {
+            "Build: not measured, this agent exports no \
+             `profiler_agent_window_build_seconds_total`; the symbolize + encode + export cost \
+             of a window is bounded by the agent CPU per window instead."
+        }
+    );
+    let _ = writeln!(
+        md,
+        "| setup | windows | samples per window | profiles per window | dropped samples | agent CPU ms per window | build ms per window | export ms per window | build + export ms |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    for setup in Setup::ALL {
+        let Some(w) = c.row(setup, Tool::Agent).and_then(|r| r.windows.as_ref()) else {
+            continue;
+        };
+        let exports = w.export_means();
+        let export_total: Option<f64> =
+            (!exports.is_empty()).then(|| exports.iter().map(|e| e.1).sum());
+        let export_cell = if exports.is_empty() {
+            "–".to_string()
+        } else {
+            exports
+                .iter()
+                .map(|(name, seconds)| format!("{name} {:.2}", seconds * 1e3))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let build = w.build_per_window();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {export_cell} | {} |",
+            setup.label(plan),
+            w.windows,
+            opt(w.per_window(w.samples_received), 0, ""),
+            opt(w.per_window(w.profiles), 1, ""),
+            w.samples_dropped,
+            opt(w.cpu_per_window().map(|s| s * 1e3), 2, ""),
+            opt(build.map(|s| s * 1e3), 2, ""),
+            opt(build.zip(export_total).map(|(b, e)| (b + e) * 1e3), 2, ""),
+        );
+    }
+    let _ = writeln!(md);
+    for setup in Setup::ALL {
+        let Some(w) = c.row(setup, Tool::Agent).and_then(|r| r.windows.as_ref()) else {
+            continue;
+        };
+        let list: Vec<String> = w
+            .services
+            .iter()
+            .map(|(name, files)| format!("{name} ({files})"))
+            .collect();
+        let _ = writeln!(
+            md,
+            "Services profiled, {} (pprof files of the whole run; the node's other processes \
+             count toward the agent's cost): {}\n",
+            setup.label(plan),
+            list.join(", ")
+        );
+    }
+}
+
+/// "median (max)" of byte samples, in MiB.
+fn median_max_mib(samples: Option<Summary>) -> String {
+    samples.map_or("–".into(), |s| {
+        format!(
+            "{:.1} ({:.1})",
+            s.median / (1024.0 * 1024.0),
+            s.max / (1024.0 * 1024.0)
+        )
+    })
 }
 
 fn bpf_ns(o: &Overhead, tool: Tool) -> Option<Summary> {
@@ -403,6 +587,39 @@ pub fn verdicts(plan: &Plan, r: &Results) -> Vec<String> {
             "agent peak RSS <= {RSS_LIMIT_MIB} MiB in the {} Hz runs: max {}",
             plan.hz,
             max_rss.map_or("–".into(), |b| format!("{:.1} MiB", mib(b)))
+        ),
+    );
+    let c = &r.continuous;
+    for setup in Setup::ALL {
+        let cpu = c.row(setup, Tool::Agent).map(|row| row.cost.cpu_per_wall);
+        verdict(
+            cpu.map(|v| v <= 0.01),
+            format!(
+                "agent CPU <= 1% of one core in continuous mode (`run`, {} Hz, whole node), {}: {}",
+                plan.hz,
+                setup.label(plan),
+                opt(cpu.map(|v| v * 100.0), 2, " %")
+            ),
+        );
+    }
+    let steady_rss: Vec<(Setup, f64)> = Setup::ALL
+        .iter()
+        .filter_map(|&setup| Some((setup, c.row(setup, Tool::Agent)?.rss?.max)))
+        .collect();
+    let max_steady = steady_rss
+        .iter()
+        .copied()
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    verdict(
+        (steady_rss.len() == Setup::ALL.len())
+            .then(|| max_steady.is_some_and(|m| m.1 / (1024.0 * 1024.0) <= RSS_LIMIT_MIB)),
+        format!(
+            "agent steady-state VmRSS <= {RSS_LIMIT_MIB} MiB in continuous mode (both setups): max {}",
+            max_steady.map_or("–".into(), |(setup, bytes)| format!(
+                "{:.1} MiB ({})",
+                bytes / (1024.0 * 1024.0),
+                setup.label(plan)
+            ))
         ),
     );
     let cost_at = |n: u64| {
