@@ -370,6 +370,9 @@ impl Agent {
         if evicted > 0 {
             tracing::debug!(evicted, "forgot exited processes");
         }
+        if let Some(recorder) = &mut self.recorder {
+            recorder.release_mapped_pages();
+        }
         release_free_memory();
         Ok(())
     }

@@ -202,6 +202,13 @@ impl Recorder {
         self.tables.as_ref().map(|t| t.stats)
     }
 
+    /// Hands the resident pages of mapped binaries back (see
+    /// `Symbolizer::release_mapped_pages`); a continuous run calls it after
+    /// each window.
+    pub fn release_mapped_pages(&mut self) -> usize {
+        self.recording.symbolizer.release_mapped_pages()
+    }
+
     /// Samples the ring-buffer thread had to drop so far because
     /// aggregation fell too far behind.
     pub fn queue_dropped(&self) -> u64 {

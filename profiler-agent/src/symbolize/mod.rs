@@ -7,6 +7,7 @@
 //! Nothing here fails a profile: an address that cannot be named becomes a
 //! frame like `libfoo.so+0x1234` and is counted.
 
+mod bytes;
 pub mod demangle;
 pub mod dwarf;
 pub mod elf;
@@ -20,7 +21,7 @@ pub use kernel::KernelSymbols;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::process::{Mapping, ObjectFile, ObjectId, Process};
 
@@ -58,6 +59,7 @@ fn add_debug_info(
     parsed: &object::File<'_>,
     data: &Arc<memmap2::Mmap>,
     file: &ObjectFile,
+    maps: &mut Vec<Weak<memmap2::Mmap>>,
 ) {
     if let Some(dwarf) = dwarf::DwarfSymbols::from_object(parsed, data) {
         object.insert_before_symbols(Box::new(dwarf));
@@ -73,6 +75,7 @@ fn add_debug_info(
     else {
         return;
     };
+    maps.push(Arc::downgrade(&debug_data));
     let _ = elf::guard(|| {
         let debug = object::File::parse(&**debug_data)?;
         if let Some(dwarf) = dwarf::DwarfSymbols::from_object(&debug, &debug_data) {
@@ -109,6 +112,9 @@ pub struct Symbolizer {
     by_build_id: HashMap<Vec<u8>, Arc<ElfObject>>,
     kallsyms: PathBuf,
     kernel: Option<Result<KernelSymbols, String>>,
+    /// Every file this symbolizer mapped (binaries, debug files), to hand
+    /// their resident pages back between windows.
+    maps: Vec<Weak<memmap2::Mmap>>,
     /// One line per object or source that failed, for the run's report.
     pub problems: Vec<String>,
     pub stats: SymbolizerStats,
@@ -127,6 +133,7 @@ impl Symbolizer {
             by_build_id: HashMap::new(),
             kallsyms: kallsyms.into(),
             kernel: None,
+            maps: Vec::new(),
             problems: Vec::new(),
             stats: SymbolizerStats::default(),
         }
@@ -138,6 +145,26 @@ impl Symbolizer {
         self.objects.retain(|id, _| keep(id));
         self.by_build_id
             .retain(|_, object| Arc::strong_count(object) > 1);
+    }
+
+    /// Drops the resident pages of every mapped binary and debug file from
+    /// this process (they stay in the page cache; the next lookup faults
+    /// the few it needs back in). A window touches scattered pages of big
+    /// binaries' symbol tables, pclntabs and debug sections; without this
+    /// they stay counted in the agent's RSS though it is done with them.
+    /// Returns how many mappings were advised.
+    pub fn release_mapped_pages(&mut self) -> usize {
+        self.maps.retain(|map| map.strong_count() > 0);
+        let mut advised = 0;
+        for map in self.maps.iter().filter_map(Weak::upgrade) {
+            // SAFETY: a read-only private mapping of a file, never written
+            // through: MADV_DONTNEED only unmaps its pages, and later reads
+            // see the file's contents again (the same bytes).
+            if unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) }.is_ok() {
+                advised += 1;
+            }
+        }
+        advised
     }
 
     /// Number of parsed (or failed) objects held.
@@ -172,6 +199,7 @@ impl Symbolizer {
             .as_ref()
             .map_err(|e| format!("unreadable ({e})"))?;
         let data = Arc::new(map_file(handle)?);
+        self.maps.push(Arc::downgrade(&data));
         let bytes: FileBytes = data.clone();
         elf::guard(|| {
             let parsed = object::File::parse(&**data)?;
@@ -179,8 +207,8 @@ impl Symbolizer {
             if let Some(shared) = build_id.and_then(|id| self.by_build_id.get(id)) {
                 return Ok(shared.clone());
             }
-            let mut object = ElfObject::from_file(&parsed, &bytes);
-            add_debug_info(&mut object, &parsed, &data, file);
+            let mut object = ElfObject::from_file(&parsed, &bytes, Some(&data));
+            add_debug_info(&mut object, &parsed, &data, file, &mut self.maps);
             let object = Arc::new(object);
             if let Some(id) = &object.build_id {
                 self.by_build_id.insert(id.clone(), object.clone());

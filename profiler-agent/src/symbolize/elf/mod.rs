@@ -66,13 +66,20 @@ impl ElfObject {
             Ok(Self::from_file(
                 &object::File::parse((*data).as_ref())?,
                 &data,
+                None,
             ))
         })
     }
 
     /// Builds the lookup tables of an already parsed file whose bytes are
-    /// `data` (kept: symbol names are read from it when looked up).
-    pub fn from_file(file: &object::File<'_>, data: &super::FileBytes) -> Self {
+    /// `data` (kept: symbol names are read from it when looked up). With
+    /// `map`, the memory map `file` was parsed over, the Go table is read
+    /// in place in it rather than copied.
+    pub fn from_file(
+        file: &object::File<'_>,
+        data: &super::FileBytes,
+        map: Option<&std::sync::Arc<memmap2::Mmap>>,
+    ) -> Self {
         let segments = file
             .segments()
             .map(|segment| {
@@ -90,11 +97,16 @@ impl ElfObject {
         // Go binaries: the pclntab knows files, lines and inline frames,
         // and survives stripping; try it before the ELF symbols.
         let go = looks_like_go(file)
-            .then(|| match super::go::GoSymbols::from_file(file) {
-                Ok(go) => Some(std::sync::Arc::new(go)),
-                Err(e) => {
-                    tracing::debug!("Go symbols unreadable: {e}");
-                    None
+            .then(|| {
+                match map.map_or_else(
+                    || super::go::GoSymbols::from_file(file),
+                    |map| super::go::GoSymbols::from_mapped(file, map),
+                ) {
+                    Ok(go) => Some(std::sync::Arc::new(go)),
+                    Err(e) => {
+                        tracing::debug!("Go symbols unreadable: {e}");
+                        None
+                    }
                 }
             })
             .flatten();

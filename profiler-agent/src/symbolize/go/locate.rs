@@ -3,6 +3,7 @@
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
+use super::Backing;
 use super::error::GoError;
 use super::image::Image;
 use super::table::{FUNCDATA_INL_TREE, PCDATA_INL_TREE_INDEX, Table, TableFormat, header_endian};
@@ -38,14 +39,16 @@ pub(crate) struct Found<'data> {
 }
 
 /// Looks for the pclntab in the order of GO.md: sections, symbol, scan.
+/// The table keeps its bytes as `backing` shares them.
 pub(crate) fn find_pclntab<'data>(
     file: &object::File<'data>,
     image: &Image<'data>,
     strategy: Strategy,
+    backing: Backing<'_>,
 ) -> Result<(Table, PclntabSource), GoError> {
     let mut first_error = None;
     let mut try_candidate =
-        |found: Found<'data>| match Table::parse(found.bytes.to_vec(), found.address) {
+        |found: Found<'data>| match Table::parse(backing.share(found.bytes), found.address) {
             Ok(table) => Some((table, found.source)),
             Err(e) => {
                 first_error.get_or_insert(e);
@@ -186,6 +189,7 @@ pub(crate) fn gofunc(
     table: &mut Table,
     module: &ModuleData,
     version: Option<&str>,
+    backing: Backing<'_>,
 ) -> Option<u64> {
     if table.format < TableFormat::Go118 {
         return None;
@@ -203,12 +207,17 @@ pub(crate) fn gofunc(
     order
         .into_iter()
         .filter_map(|i| module.gofunc_candidates[i])
-        .find(|&candidate| inline_trees_plausible(image, table, candidate))
+        .find(|&candidate| inline_trees_plausible(image, table, candidate, backing))
 }
 
 /// With `gofunc` as the FUNCDATA base, do the first inline trees found
 /// point at records whose names and parent PCs make sense?
-fn inline_trees_plausible(image: &Image<'_>, table: &mut Table, gofunc: u64) -> bool {
+fn inline_trees_plausible(
+    image: &Image<'_>,
+    table: &mut Table,
+    gofunc: u64,
+    backing: Backing<'_>,
+) -> bool {
     let Some(region) = image.from(gofunc) else {
         return false;
     };
@@ -216,10 +225,7 @@ fn inline_trees_plausible(image: &Image<'_>, table: &mut Table, gofunc: u64) -> 
     table.gofunc = Some(gofunc);
     table.set_extra(
         gofunc,
-        region
-            .get(..region.len().min(1 << 20))
-            .unwrap_or(region)
-            .to_vec(),
+        backing.share(region.get(..region.len().min(1 << 20)).unwrap_or(region)),
     );
     let mut checked = 0;
     let mut good = true;

@@ -8,11 +8,15 @@
 //! symbol table, so it is the primary source for Go code.
 //!
 //! [`GoSymbols`] finds the table however the binary was linked (see
-//! [`PclntabSource`]), copies it (and the inline trees) out of the file
-//! once, validates the function table, and then answers lookups by binary
-//! search, decoding records and tables only when asked. It expands a PC
-//! into its inline chain innermost first, the same frames Go's
-//! `runtime.CallersFrames` reports.
+//! [`PclntabSource`]), validates the function table, and then answers
+//! lookups by binary search, decoding records and tables only when asked.
+//! It expands a PC into its inline chain innermost first, the same frames
+//! Go's `runtime.CallersFrames` reports.
+//!
+//! The table (and the inline trees) are read in place in the memory-mapped
+//! binary ([`GoSymbols::from_mapped`], [`GoSymbols::open`]): a large Go
+//! binary's table is tens of megabytes, which then cost page cache rather
+//! than heap. The other constructors copy them out of the file.
 //!
 //! For the stack unwinder it also exposes every function's entry, end,
 //! flags and pcsp runs ([`GoSymbols::functions`], [`GoFunction`]).
@@ -31,7 +35,9 @@ mod tests;
 
 use std::borrow::Cow;
 use std::path::Path;
+use std::sync::Arc;
 
+use super::bytes::SharedBytes;
 use super::frame::{Frame, Resolver};
 
 pub use error::GoError;
@@ -44,6 +50,25 @@ use table::{FUNCDATA_INL_TREE, FuncRecord, PCDATA_INL_TREE_INDEX, Table};
 /// Guard against cyclic inline trees in corrupted data; real chains are a
 /// handful of frames deep.
 const MAX_INLINE_DEPTH: usize = 256;
+
+/// Where the bytes of the file being read live, so the table can keep
+/// the ones it needs in place rather than copy them.
+#[derive(Clone, Copy)]
+pub(crate) enum Backing<'a> {
+    /// The file's bytes do not outlive the call: copy.
+    Copy,
+    Mapped(&'a Arc<memmap2::Mmap>),
+}
+
+impl Backing<'_> {
+    /// `bytes` (borrowed from the file) as the table keeps them.
+    pub(crate) fn share(self, bytes: &[u8]) -> SharedBytes {
+        match self {
+            Backing::Copy => SharedBytes::copied(bytes),
+            Backing::Mapped(map) => SharedBytes::within(map, bytes),
+        }
+    }
+}
 
 /// The symbols of one Go binary. Cheap to query from several threads.
 pub struct GoSymbols {
@@ -162,32 +187,61 @@ impl<'a> GoFunction<'a> {
 }
 
 impl GoSymbols {
-    /// Reads the Go symbols of the ELF file at `path`.
+    /// Reads the Go symbols of the ELF file at `path`, in place in a
+    /// memory map of it (read into memory if it cannot be mapped).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, GoError> {
         let path = path.as_ref();
         let in_file = |source: GoError| GoError::File {
             path: path.to_path_buf(),
             source: Box::new(source),
         };
-        let data = std::fs::read(path).map_err(|e| in_file(e.into()))?;
-        Self::parse(&data).map_err(in_file)
+        let handle = std::fs::File::open(path).map_err(|e| in_file(e.into()))?;
+        // SAFETY: a read-only private mapping of a file we only read; if
+        // the file is truncated underneath us, reads fault (as for the
+        // symbolizer's own maps, see `symbolize::map_file`).
+        let Ok(map) = (unsafe { memmap2::Mmap::map(&handle) }) else {
+            // Not mappable (a directory, a pipe): `read` says why, or
+            // reads it.
+            let data = std::fs::read(path).map_err(|e| in_file(e.into()))?;
+            return Self::parse(&data).map_err(in_file);
+        };
+        let map = Arc::new(map);
+        let file = object::File::parse(&**map).map_err(|e| in_file(e.into()))?;
+        Self::from_mapped(&file, &map).map_err(in_file)
     }
 
-    /// Reads the Go symbols of an ELF file given as bytes.
+    /// Reads the Go symbols of an ELF file given as bytes (copying what
+    /// it keeps).
     pub fn parse(data: &[u8]) -> Result<Self, GoError> {
         Self::from_file(&object::File::parse(data)?)
     }
 
     /// Reads the Go symbols of a parsed ELF file, looking for the table
-    /// everywhere.
+    /// everywhere. Copies the table out of the file: for a file that stays
+    /// mapped, [`GoSymbols::from_mapped`] reads it in place.
     pub fn from_file(file: &object::File<'_>) -> Result<Self, GoError> {
         Self::from_file_with(file, Strategy::All)
     }
 
     /// Like [`GoSymbols::from_file`], choosing how to find the table.
     pub fn from_file_with(file: &object::File<'_>, strategy: Strategy) -> Result<Self, GoError> {
+        Self::read(file, strategy, Backing::Copy)
+    }
+
+    /// Like [`GoSymbols::from_file`] for a file parsed over `map`: the
+    /// table and inline trees stay in the map (bytes of `file` that do not
+    /// lie in it are copied).
+    pub fn from_mapped(file: &object::File<'_>, map: &Arc<memmap2::Mmap>) -> Result<Self, GoError> {
+        Self::read(file, Strategy::All, Backing::Mapped(map))
+    }
+
+    fn read(
+        file: &object::File<'_>,
+        strategy: Strategy,
+        backing: Backing<'_>,
+    ) -> Result<Self, GoError> {
         let image = Image::new(file);
-        let (mut table, source) = locate::find_pclntab(file, &image, strategy)?;
+        let (mut table, source) = locate::find_pclntab(file, &image, strategy, backing)?;
         let version = buildinfo::go_version(file, &image);
         let build_id = buildinfo::go_build_id(file);
         if table.format >= TableFormat::Go118 {
@@ -201,7 +255,14 @@ impl GoSymbols {
                     address: table.address,
                 })?;
             table.text_start = text;
-            let gofunc = locate::gofunc(file, &image, &mut table, &module, version.as_deref());
+            let gofunc = locate::gofunc(
+                file,
+                &image,
+                &mut table,
+                &module,
+                version.as_deref(),
+                backing,
+            );
             table.gofunc = gofunc;
             if let Some(gofunc) = gofunc
                 && !table.covers(gofunc, 1)
@@ -215,13 +276,13 @@ impl GoSymbols {
                     .and_then(|n| usize::try_from(n).ok())
                     .filter(|&n| n <= region.len())
                     .unwrap_or(region.len());
-                table.set_extra(gofunc, region[..len].to_vec());
+                table.set_extra(gofunc, backing.share(&region[..len]));
             }
         } else if let Some(segment) = image.segment_of(table.address) {
             // Before 1.18 FUNCDATA holds absolute pointers into go.func.*,
             // in the read-only data before the table.
             let len = (table.address - segment.address) as usize;
-            table.set_extra(segment.address, segment.bytes[..len].to_vec());
+            table.set_extra(segment.address, backing.share(&segment.bytes[..len]));
         }
         Ok(GoSymbols {
             table,
@@ -248,6 +309,12 @@ impl GoSymbols {
 
     pub fn source(&self) -> PclntabSource {
         self.source
+    }
+
+    /// How many bytes of the table and inline trees were copied onto the
+    /// heap: 0 when they are read in place in the mapped file.
+    pub fn heap_bytes(&self) -> usize {
+        self.table.heap_bytes()
     }
 
     /// Virtual address of the pclntab header.

@@ -7,6 +7,7 @@
 //! validation pass over the function table: records, names and tables are
 //! read when a lookup needs them.
 
+use super::super::bytes::SharedBytes;
 use super::bytes::{Endian, cstr, uvarint32};
 use super::error::GoError;
 
@@ -79,11 +80,11 @@ pub(crate) struct FuncRecord {
     tail: usize,
 }
 
-/// A parsed, validated pclntab. Owns a copy of its bytes (read from the
-/// binary once) plus, when the inline trees live outside it, a copy of
-/// the region holding them.
+/// A parsed, validated pclntab. Holds its bytes (in place in the mapped
+/// binary when it can) plus, when the inline trees live outside it, the
+/// region holding them.
 pub(crate) struct Table {
-    data: Vec<u8>,
+    data: SharedBytes,
     /// Virtual address of the header.
     pub address: u64,
     pub format: TableFormat,
@@ -107,13 +108,13 @@ pub(crate) struct Table {
     pub gofunc: Option<u64>,
     /// Bytes holding the inline trees when they are outside `data`:
     /// (virtual address, bytes).
-    extra: Option<(u64, Vec<u8>)>,
+    extra: Option<(u64, SharedBytes)>,
 }
 
 impl Table {
     /// Parses and validates the table whose header is at the start of
     /// `data`, loaded at `address`. `data` may run past the table's end.
-    pub fn parse(data: Vec<u8>, address: u64) -> Result<Self, GoError> {
+    pub fn parse(data: SharedBytes, address: u64) -> Result<Self, GoError> {
         let bad = |what: &str| GoError::malformed(address, what);
         let endian = header_endian(&data).ok_or_else(|| GoError::UnknownMagic {
             address,
@@ -145,7 +146,7 @@ impl Table {
         };
         let nfunc = usize::try_from(word(0)?).map_err(|_| bad("function count overflows"))?;
         let mut table = Table {
-            data: Vec::new(),
+            data: SharedBytes::empty(),
             address,
             format,
             endian,
@@ -348,7 +349,7 @@ impl Table {
             .func_base()
             .checked_add(usize::try_from(funcoff).ok()?)?;
         let e = self.endian;
-        let d = &self.data;
+        let d: &[u8] = &self.data;
         // Fixed part: the entry, then 32-bit fields.
         let (record_entry, fields) = if self.format.relative_entries() {
             (
@@ -505,18 +506,28 @@ impl Table {
         self.names
     }
 
-    pub(crate) fn take_extra(&mut self) -> Option<(u64, Vec<u8>)> {
+    pub(crate) fn take_extra(&mut self) -> Option<(u64, SharedBytes)> {
         self.extra.take()
     }
 
-    pub(crate) fn restore_extra(&mut self, extra: Option<(u64, Vec<u8>)>) {
+    pub(crate) fn restore_extra(&mut self, extra: Option<(u64, SharedBytes)>) {
         self.extra = extra;
     }
 
     /// Provides the bytes of a region holding inline trees outside the
     /// table (from `address` on).
-    pub fn set_extra(&mut self, address: u64, bytes: Vec<u8>) {
+    pub fn set_extra(&mut self, address: u64, bytes: SharedBytes) {
         self.extra = Some((address, bytes));
+    }
+
+    /// How many of the bytes the table reads are held on the heap rather
+    /// than in place in the mapped file.
+    pub fn heap_bytes(&self) -> usize {
+        std::iter::once(&self.data)
+            .chain(self.extra.as_ref().map(|(_, bytes)| bytes))
+            .filter(|bytes| !matches!(bytes, SharedBytes::Mapped(..)))
+            .map(|bytes| bytes.len())
+            .sum()
     }
 
     /// Whether `[address, address+len)` is readable through this table.
@@ -527,8 +538,8 @@ impl Table {
     /// `len` bytes at virtual address `address`, from the table's bytes or
     /// the extra region.
     pub fn read(&self, address: u64, len: usize) -> Option<&[u8]> {
-        let regions = std::iter::once((self.address, self.data.as_slice()))
-            .chain(self.extra.as_ref().map(|(a, b)| (*a, b.as_slice())));
+        let regions = std::iter::once((self.address, &*self.data))
+            .chain(self.extra.as_ref().map(|(a, b)| (*a, &**b)));
         for (base, bytes) in regions {
             if let Some(off) = address
                 .checked_sub(base)

@@ -291,11 +291,12 @@ fn build(format: TableFormat) -> Built {
 
 fn symbols(format: TableFormat) -> GoSymbols {
     let built = build(format);
-    let mut table = Table::parse(built.table, TABLE_ADDRESS).expect("hand-built table parses");
+    let mut table =
+        Table::parse(built.table.into(), TABLE_ADDRESS).expect("hand-built table parses");
     if format >= TableFormat::Go118 {
         table.gofunc = Some(TREE_ADDRESS);
     }
-    table.set_extra(TREE_ADDRESS, built.tree);
+    table.set_extra(TREE_ADDRESS, built.tree.into());
     GoSymbols {
         table,
         source: PclntabSource::Section,
@@ -415,18 +416,64 @@ fn unwinder_api_functions_flags_and_pcsp() {
     }
 }
 
+/// The same tables read in place in a memory-mapped file answer as the
+/// copied ones, and cost no heap.
+#[test]
+fn tables_read_in_place_answer_the_same() {
+    for format in FORMATS {
+        let copied = symbols(format);
+        assert_eq!(
+            copied.heap_bytes(),
+            build(format).table.len() + build(format).tree.len()
+        );
+        let built = build(format);
+        // Misaligned on purpose: the table need not start the file.
+        let mut contents = vec![0xaa; 13];
+        contents.extend(&built.table);
+        contents.extend(&built.tree);
+        let mut file = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut file, &contents).unwrap();
+        // SAFETY: a private temporary file nothing else writes.
+        let map = Arc::new(unsafe { memmap2::Mmap::map(&file) }.unwrap());
+        let backing = Backing::Mapped(&map);
+        let tree_at = 13 + built.table.len();
+        let mut table = Table::parse(backing.share(&map[13..tree_at]), TABLE_ADDRESS)
+            .expect("hand-built table parses");
+        if format >= TableFormat::Go118 {
+            table.gofunc = Some(TREE_ADDRESS);
+        }
+        table.set_extra(TREE_ADDRESS, backing.share(&map[tree_at..]));
+        let s = GoSymbols {
+            table,
+            source: PclntabSource::Section,
+            version: None,
+            build_id: None,
+        };
+        assert_eq!(s.heap_bytes(), 0, "{format:?}");
+        for pc in TEXT - 1..=TEXT + 0x60 {
+            assert_eq!(chain(&s, pc), chain(&copied, pc), "{format:?} {pc:#x}");
+            assert_eq!(s.pcsp(pc), copied.pcsp(pc));
+        }
+        // Bytes from elsewhere are copied.
+        let elsewhere = Backing::Mapped(&map).share(&built.table);
+        assert_eq!(&*elsewhere, &built.table[..]);
+        let table = Table::parse(elsewhere, TABLE_ADDRESS).unwrap();
+        assert_eq!(table.heap_bytes(), built.table.len());
+    }
+}
+
 #[test]
 fn bad_headers_are_errors() {
     let good = build(TableFormat::Go120).table;
     let mut wrong_magic = good.clone();
     wrong_magic[0] = 0xf5;
     assert!(matches!(
-        Table::parse(wrong_magic, 1),
+        Table::parse(wrong_magic.into(), 1),
         Err(GoError::UnknownMagic { .. })
     ));
     let mut out_of_bounds = good.clone();
     out_of_bounds[8 + 8 * 7..8 + 8 * 8].copy_from_slice(&u64::MAX.to_le_bytes());
-    let error = Table::parse(out_of_bounds, 0x1234)
+    let error = Table::parse(out_of_bounds.into(), 0x1234)
         .err()
         .unwrap()
         .to_string();
@@ -434,7 +481,7 @@ fn bad_headers_are_errors() {
         error.contains("0x1234") && error.contains("out of bounds"),
         "{error}"
     );
-    assert!(Table::parse(good[..40].to_vec(), 0).is_err());
+    assert!(Table::parse(good[..40].to_vec().into(), 0).is_err());
     assert!(matches!(
         GoSymbols::parse(b"\x7fELF garbage"),
         Err(GoError::Elf(_))
@@ -480,11 +527,11 @@ fn corrupted_tables_never_panic() {
                     table[i] ^= (r >> 32) as u8 | 1;
                 }
             }
-            let Ok(mut table) = Table::parse(table, TABLE_ADDRESS) else {
+            let Ok(mut table) = Table::parse(table.into(), TABLE_ADDRESS) else {
                 continue;
             };
             table.gofunc = Some(TREE_ADDRESS);
-            table.set_extra(TREE_ADDRESS, tree);
+            table.set_extra(TREE_ADDRESS, tree.into());
             let s = GoSymbols {
                 table,
                 source: PclntabSource::Scan,
