@@ -2,7 +2,7 @@
 //! function's entry and return) in the kernel, as bpftrace's `hist()`
 //! would, without bpftrace.
 //!
-//! - [`plan`]: specs and options to the uprobes to open, checked first.
+//! - [`plan`](mod@plan): specs and options to the uprobes to open, checked first.
 //! - [`session`]: load the BPF programs, attach, read the maps.
 //! - [`render`]: bpftrace's text, summary lines, Prometheus.
 
