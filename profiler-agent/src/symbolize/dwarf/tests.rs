@@ -461,7 +461,6 @@ fn same_frames_as_addr2line_on_libc() {
 /// A Rust binary with full debug info (the test binary itself, when built
 /// with debug info): cross-unit origins are common there.
 #[test]
-#[ignore = "slow: compares the whole test binary's DWARF with addr2line"]
 fn same_frames_as_addr2line_on_this_test_binary() {
     let path = std::env::current_exe().unwrap();
     let (_data, symbols, oracle) = both(&path);
