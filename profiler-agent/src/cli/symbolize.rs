@@ -66,17 +66,34 @@ struct JsonFrame {
     inlined: bool,
 }
 
+/// Resolves `addresses` in ascending order (neighbouring addresses share
+/// a compilation unit, which the DWARF resolver then parses once), and
+/// answers in the order given.
+fn in_address_order(
+    addresses: &[u64],
+    mut resolve: impl FnMut(u64) -> Symbolized,
+) -> Vec<(u64, Symbolized)> {
+    let mut order: Vec<usize> = (0..addresses.len()).collect();
+    order.sort_by_key(|&i| addresses[i]);
+    let mut results: Vec<Option<Symbolized>> = vec![None; addresses.len()];
+    for i in order {
+        results[i] = Some(resolve(addresses[i]));
+    }
+    addresses
+        .iter()
+        .zip(results)
+        .filter_map(|(&a, r)| Some((a, r?)))
+        .collect()
+}
+
 pub fn run(args: &SymbolizeArgs) -> anyhow::Result<()> {
     let mut symbolizer = Symbolizer::default();
     let results: Vec<(u64, Symbolized)> = match (&args.binary, args.pid) {
         (Some(path), _) => {
             let file = ObjectFile::open_path(path)
                 .with_context(|| format!("cannot read {}", path.display()))?;
-            let results = args
-                .addresses
-                .iter()
-                .map(|&a| (a, symbolizer.object_address(&file, a)))
-                .collect();
+            let results =
+                in_address_order(&args.addresses, |a| symbolizer.object_address(&file, a));
             if let Some(problem) = symbolizer.problems.first() {
                 bail!("{problem}");
             }
@@ -90,10 +107,7 @@ pub fn run(args: &SymbolizeArgs) -> anyhow::Result<()> {
                     "cannot read /proc/{pid}/maps: no such process, or not permitted (run as root)"
                 )
             })?;
-            args.addresses
-                .iter()
-                .map(|&a| (a, symbolizer.user(Some(process), a, a)))
-                .collect()
+            in_address_order(&args.addresses, |a| symbolizer.user(Some(process), a, a))
         }
         (None, None) => bail!("give --binary PATH or --pid PID"),
     };

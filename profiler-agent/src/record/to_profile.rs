@@ -1,5 +1,6 @@
 //! From a recording to a symbolized `Profile`.
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::process::{Process, ProcessTable};
@@ -75,6 +76,22 @@ pub fn build_profile_of<'a>(
         (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel).cmp(&(b.0.pid, b.0.tid, &b.0.user, &b.0.kernel))
     });
 
+    // Resolve every distinct user frame in address order first: frames of
+    // one compilation unit then come together, and the DWARF resolver
+    // parses each unit once instead of once per visit (its unit cache is
+    // small on purpose).
+    let mut frames: Vec<(u32, unwind::RawFrame)> = stacks
+        .iter()
+        .flat_map(|(key, _)| unwind::frames(&key.user).map(move |f| (key.pid, f)))
+        .collect();
+    frames.sort_by_key(|(pid, f)| (*pid, f.lookup_pc, f.pc));
+    frames.dedup_by_key(|(pid, f)| (*pid, f.lookup_pc, f.pc));
+    let mut resolved: HashMap<(u32, u64, u64), Symbolized> = HashMap::with_capacity(frames.len());
+    for (pid, frame) in frames {
+        let symbolized = symbolizer.user(processes.get(pid), frame.pc, frame.lookup_pc);
+        resolved.insert((pid, frame.pc, frame.lookup_pc), symbolized);
+    }
+
     for (key, &count) in stacks {
         let process = processes.get(key.pid);
         let mut locations = Vec::with_capacity(key.kernel.len() + key.user.len());
@@ -85,6 +102,7 @@ pub fn build_profile_of<'a>(
             locations.push(user_location(
                 &mut builder,
                 symbolizer,
+                &mut resolved,
                 key.pid,
                 process,
                 frame,
@@ -134,6 +152,7 @@ fn kernel_location(
 fn user_location(
     builder: &mut ProfileBuilder<LocationKey, MappingKey>,
     symbolizer: &mut Symbolizer,
+    resolved: &mut HashMap<(u32, u64, u64), Symbolized>,
     pid: u32,
     process: Option<&Process>,
     frame: unwind::RawFrame,
@@ -144,7 +163,9 @@ fn user_location(
         lookup_pc: frame.lookup_pc,
     };
     builder.location(key, |builder| {
-        let symbolized = symbolizer.user(process, frame.pc, frame.lookup_pc);
+        let symbolized = resolved
+            .remove(&(pid, frame.pc, frame.lookup_pc))
+            .unwrap_or_else(|| symbolizer.user(process, frame.pc, frame.lookup_pc));
         let mapping = process.and_then(|p| p.mapping_for(frame.pc)).map(|m| {
             let index = builder.mapping(
                 MappingKey::User {
