@@ -13,25 +13,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use profiler_tests::*;
-
-/// One test at a time: each spins CPU-bound fixtures on a 2-core machine.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The hot fixture copied under `name` (the executable name is the
-/// service name).
-fn hot_named(dir: &Path, name: &str) -> PathBuf {
-    let hot = build_c_fixture("hot", C_FRAME_POINTER_FLAGS);
-    let path = dir.join(name);
-    std::fs::copy(&hot, &path).unwrap();
-    path
-}
 
 fn pprof_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)

@@ -97,14 +97,6 @@ fn summary_count(text: &str) -> Vec<u64> {
         .collect()
 }
 
-/// The tests of this file run one at a time: each measures sleeps, and
-/// two at once (with bpftrace compiling its script) on a 2-core machine
-/// disturb each other's timing.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn start_agent(args: &[&str]) -> Background {
     require_bpf_privileges();
     let mut agent = Background::start(&agent_bin(), args);

@@ -13,25 +13,13 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
 use profiler_tests::*;
 use prost::Message;
-
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn hot_named(dir: &Path, name: &str) -> PathBuf {
-    let hot = build_c_fixture("hot", C_FRAME_POINTER_FLAGS);
-    let path = dir.join(name);
-    std::fs::copy(&hot, &path).unwrap();
-    path
-}
 
 /// One resource's profile, resolved through the dictionary.
 #[derive(Debug, Clone)]

@@ -897,3 +897,19 @@ pub fn make_certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
         dir.join("server.key"),
     )
 }
+
+/// One test at a time within a test binary: the continuous tests each spin
+/// CPU-bound fixtures on a 2-core machine.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The hot fixture copied under `name` (the executable name is the
+/// service name).
+pub fn hot_named(dir: &Path, name: &str) -> PathBuf {
+    let hot = build_c_fixture("hot", C_FRAME_POINTER_FLAGS);
+    let path = dir.join(name);
+    std::fs::copy(&hot, &path).unwrap();
+    path
+}

@@ -38,6 +38,9 @@ const BPF_LINKER_BUILD_PACKAGES: &[&str] = &[
 const TEST_PACKAGES: &[&str] = &[
     "gcc",
     "binutils",
+    // libc's debug file: the DWARF resolver's unit tests compare it with
+    // addr2line (a big, compressed, DWARF 5 file).
+    "libc6-dbg",
     // llvm-symbolizer: C++ ground truth for inline chains.
     "llvm-22",
     "golang-go",

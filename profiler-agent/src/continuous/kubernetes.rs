@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
+use ureq::tls::{Certificate, RootCerts, TlsConfig};
 
 /// The server ends each watch after this long; the next one resumes.
 const WATCH_SECONDS: u64 = 300;
@@ -478,22 +478,17 @@ fn read_token(path: &Path) -> Result<String, KubernetesError> {
 }
 
 fn read_ca(path: &Path) -> Result<Vec<Certificate<'static>>, KubernetesError> {
-    let pem = std::fs::read(path).map_err(|source| KubernetesError::ReadCa {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let certs: Vec<Certificate<'static>> = ureq::tls::parse_pem(&pem)
-        .filter_map(|item| match item {
-            Ok(PemItem::Certificate(cert)) => Some(cert),
-            _ => None,
-        })
-        .collect();
-    if certs.is_empty() {
-        return Err(KubernetesError::NoCertificate {
+    use crate::export::http_client::{ClientError, pem_certificates};
+    let certs = pem_certificates(path).map_err(|e| match e {
+        ClientError::ReadCa { path, source } => KubernetesError::ReadCa { path, source },
+        _ => KubernetesError::NoCertificate {
             path: path.to_path_buf(),
-        });
-    }
-    Ok(certs)
+        },
+    })?;
+    Ok(certs
+        .iter()
+        .map(|der| Certificate::from_der(der).to_owned())
+        .collect())
 }
 
 /// Query-string encoding: everything but RFC 3986's unreserved characters.

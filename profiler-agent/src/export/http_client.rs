@@ -93,8 +93,14 @@ pub fn ca_certificates(config: &HttpConfig) -> Result<Option<Vec<Vec<u8>>>, Clie
     if config.ca_file.as_os_str().is_empty() {
         return Ok(None);
     }
-    let pem = std::fs::read(&config.ca_file).map_err(|source| ClientError::ReadCa {
-        path: config.ca_file.clone(),
+    pem_certificates(&config.ca_file).map(Some)
+}
+
+/// The DER certificates of a PEM file; an error names the file when it
+/// cannot be read or holds none.
+pub fn pem_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, ClientError> {
+    let pem = std::fs::read(path).map_err(|source| ClientError::ReadCa {
+        path: path.to_path_buf(),
         source,
     })?;
     let certs: Vec<Vec<u8>> = ureq::tls::parse_pem(&pem)
@@ -105,10 +111,10 @@ pub fn ca_certificates(config: &HttpConfig) -> Result<Option<Vec<Vec<u8>>>, Clie
         .collect();
     if certs.is_empty() {
         return Err(ClientError::NoCertificate {
-            path: config.ca_file.clone(),
+            path: path.to_path_buf(),
         });
     }
-    Ok(Some(certs))
+    Ok(certs)
 }
 
 /// `X-Scope-OrgID` and `Authorization` (bearer, else basic) as configured.

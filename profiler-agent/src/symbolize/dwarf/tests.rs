@@ -13,9 +13,30 @@ use super::units::Dwarf;
 use super::{DwarfSymbols, demangle};
 use crate::symbolize::frame::{Frame, Resolver};
 
-/// Debian's libc 2.36 debug file (compressed DWARF 5, ~1700 units).
-pub(super) const LIBC_DEBUG: &str =
-    "/usr/lib/debug/.build-id/93/ac61ec5a8eb1396f9fbd350e3169a558528a40.debug";
+/// This machine's libc.
+pub(super) const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+
+/// libc's separate debug file (Debian's libc6-dbg, which `cargo xtask
+/// setup --tests` installs: compressed DWARF 5, ~1700 units), found by the
+/// build id of the installed libc. Missing, the test fails naming the
+/// package rather than passing without checking anything.
+pub(super) fn libc_debug() -> std::path::PathBuf {
+    let bytes = std::fs::read(LIBC).unwrap_or_else(|e| panic!("{LIBC}: {e}"));
+    let file = object::File::parse(&*bytes).unwrap();
+    let id = object::Object::build_id(&file)
+        .unwrap()
+        .expect("libc has a GNU build id");
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let path = Path::new("/usr/lib/debug/.build-id")
+        .join(&hex[..2])
+        .join(format!("{}.debug", &hex[2..]));
+    assert!(
+        path.exists(),
+        "{} is missing: install libc6-dbg (`cargo xtask setup --tests` does)",
+        path.display()
+    );
+    path
+}
 
 fn fixture_source(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -441,13 +462,9 @@ fn lru_keeps_at_most_its_capacity() {
 /// cache stays within its bounds.
 #[test]
 fn same_frames_as_addr2line_on_libc() {
-    let debug = Path::new(LIBC_DEBUG);
-    let code = Path::new("/usr/lib/x86_64-linux-gnu/libc.so.6");
-    if !debug.exists() || !code.exists() {
-        eprintln!("skipped: {LIBC_DEBUG} not installed");
-        return;
-    }
-    let (_data, symbols, oracle) = both(debug);
+    let debug = libc_debug();
+    let code = Path::new(LIBC);
+    let (_data, symbols, oracle) = both(&debug);
     let (compared, named, inlined) = compare_with_oracle(&symbols, &oracle, code, 97);
     assert!(
         named > compared / 2 && inlined > 100,

@@ -337,16 +337,11 @@ mod tests {
         }
     }
 
-    /// Debian's libc debug file (~1700 units, DWARF 5, compressed), when
-    /// installed.
+    /// Debian's libc debug file (~1700 units, DWARF 5, compressed).
     #[test]
     fn aranges_and_root_dies_agree_on_libc() {
-        let path = std::path::Path::new(super::super::tests::LIBC_DEBUG);
-        if !path.exists() {
-            eprintln!("skipped: {} not installed", path.display());
-            return;
-        }
-        let (_map, dwarf) = load_dwarf(path);
+        let path = super::super::tests::libc_debug();
+        let (_map, dwarf) = load_dwarf(&path);
         let ranges = check_agree(&dwarf);
         assert!(ranges > 1000, "{ranges}");
     }
