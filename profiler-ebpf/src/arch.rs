@@ -18,8 +18,20 @@ mod layout {
     pub const LR: Option<usize> = None;
     /// End of the user half of the address space (TASK_SIZE_MAX, 4-level).
     pub const USER_LIMIT: u64 = 0x0000_7fff_ffff_f000;
-    /// Unwind-table rows follow x86_64 rules (return address at CFA - 8).
-    pub const TABLE_UNWINDING: bool = true;
+    /// No pointer authentication: return addresses are plain.
+    pub const ADDRESS_MASK: u64 = u64::MAX;
+
+    /// Registers in a signal frame, from the SP of its trampoline frame
+    /// (`__restore_rt`): the handler's `ret` popped `rt_sigframe.pretcode`,
+    /// so SP points at its `struct ucontext`, whose `uc_mcontext` (struct
+    /// sigcontext) starts 40 bytes in (uc_flags, uc_link, uc_stack);
+    /// rbp, rsp and rip are its words 10, 15 and 16
+    /// (arch/x86/include/uapi/asm/sigcontext.h; glibc's CFI for
+    /// `__restore_rt` reads rsp at the same 160).
+    pub const SIGNAL_FP: u64 = 40 + 10 * 8;
+    pub const SIGNAL_SP: u64 = 40 + 15 * 8;
+    pub const SIGNAL_PC: u64 = 40 + 16 * 8;
+    pub const SIGNAL_LR: Option<u64> = None;
 }
 
 #[cfg(bpf_target_arch = "aarch64")]
@@ -30,9 +42,23 @@ mod layout {
     pub const LR: Option<usize> = Some(30 * 8); // x30
     /// End of the user half of the address space (52-bit VAs at most).
     pub const USER_LIMIT: u64 = 1 << 52;
-    /// arm64 keeps the return address in LR until a frame saves it; table
-    /// rows for arm64 are not produced yet, so only frame pointers walk.
-    pub const TABLE_UNWINDING: bool = false;
+    /// Pointer authentication signs return addresses in the bits above the
+    /// virtual address size; user addresses fit in 48 bits unless a
+    /// process asks for more (which the kernel only grants on request).
+    pub const ADDRESS_MASK: u64 = (1 << 48) - 1;
+
+    /// Registers in a signal frame, from the SP of its trampoline frame
+    /// (`__kernel_rt_sigreturn`): the handler ran with SP at `struct
+    /// rt_sigframe` { siginfo (128 bytes), ucontext }, and the ucontext's
+    /// `uc_mcontext` (struct sigcontext, 16-byte aligned) is 176 bytes in:
+    /// uc_flags, uc_link, uc_stack (24), uc_sigmask (8), 120 unused bytes.
+    /// sigcontext: fault_address, regs[31], sp, pc
+    /// (arch/arm64/include/uapi/asm/{ucontext,sigcontext}.h).
+    const MCONTEXT: u64 = 128 + 176;
+    pub const SIGNAL_FP: u64 = MCONTEXT + 8 + 29 * 8;
+    pub const SIGNAL_LR: Option<u64> = Some(MCONTEXT + 8 + 30 * 8);
+    pub const SIGNAL_SP: u64 = MCONTEXT + 8 + 31 * 8;
+    pub const SIGNAL_PC: u64 = MCONTEXT + 8 + 32 * 8;
 }
 
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
@@ -40,7 +66,14 @@ compile_error!(
     "profiler-ebpf supports x86_64 and aarch64 (set by aya-build from the agent's target)"
 );
 
-pub use layout::{TABLE_UNWINDING, USER_LIMIT};
+pub use layout::{SIGNAL_FP, SIGNAL_LR, SIGNAL_PC, SIGNAL_SP, USER_LIMIT};
+
+/// A code address as read from the stack or a register, without
+/// pointer-authentication bits.
+#[inline(always)]
+pub fn strip_pointer_auth(address: u64) -> u64 {
+    address & layout::ADDRESS_MASK
+}
 
 /// A frame record, `push rbp; mov rbp, rsp` on x86_64 and
 /// `stp x29, x30, [sp, #-16]!; mov x29, sp` on arm64, is the same two

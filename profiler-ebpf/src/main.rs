@@ -2,10 +2,11 @@
 //!
 //! Each sample is streamed to user space through a ring buffer: the kernel
 //! stack (`bpf_get_stack`), the user stack walked by our own unwinder
-//! (`unwind`: frame pointers, repaired by per-binary unwind tables where
-//! user space loaded them, up to `MAX_USER_FRAMES`), the user registers,
-//! and who ran. Streaming instead of in-kernel counting keeps window
-//! boundaries exact: user space assigns samples to windows by timestamp.
+//! (`unwind`: unwind-table rows where user space loaded a table for the
+//! code, frame pointers elsewhere, up to `MAX_USER_FRAMES`), and who ran.
+//! Streaming instead of in-kernel counting keeps window boundaries exact:
+//! every sample reaches user space before the window it was drained in
+//! closes, so each sample lands in exactly one window.
 #![no_std]
 #![no_main]
 
@@ -15,16 +16,13 @@ mod unwind;
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_get_stack,
-        bpf_ktime_get_ns,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns},
     macros::{map, perf_event},
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 use profiler_common::{
-    COUNTER_SLOTS, Counter, MAX_PID_FILTER, MAX_STACK_DEPTH, MAX_USER_FRAMES, RING_BUFFER_BYTES,
+    COUNTER_SLOTS, Counter, MAX_PID_FILTER, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
     SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, Sample,
 };
 
@@ -90,10 +88,12 @@ fn record_sample(ctx: &PerfEventContext) {
     // SAFETY: `sample` is this CPU's scratch value, exclusively ours for
     // the duration of the program; every header field is written below.
     unsafe {
-        let mut flags = 0u32;
+        let mut flags = 0u16;
+        // The kernel stack goes first in `frames`; the user stack follows
+        // it, so the record is one contiguous run of frames.
         let kernel = bpf_get_stack(
             ctx.as_ptr(),
-            (*sample).kernel_stack.as_mut_ptr().cast(),
+            (*sample).frames.as_mut_ptr().cast(),
             KERNEL_STACK_BYTES,
             0,
         );
@@ -102,30 +102,25 @@ fn record_sample(ctx: &PerfEventContext) {
             bump(Counter::KernelStackFailed);
             0
         } else {
-            (kernel as u32) / 8
+            ((kernel as u32) / 8).min(MAX_STACK_DEPTH as u32)
         };
         if kernel_frames > 0 {
             flags |= SAMPLE_FLAG_IN_KERNEL;
         }
         let regs = arch::user_regs();
-        let (user_frames, user_flags) = unwind::walk_user_stack(pid, &regs);
-        flags |= user_flags;
+        let (user_frames, user_end) = unwind::walk_user_stack(pid, &regs, sample, kernel_frames);
 
         (*sample).time_ns = bpf_ktime_get_ns();
         (*sample).pid = pid;
         (*sample).tid = tid;
-        (*sample).cpu = bpf_get_smp_processor_id();
-        (*sample).flags = flags;
-        (*sample).user_frames = user_frames;
-        (*sample).kernel_frames = kernel_frames;
-        (*sample).user_regs = regs;
         (*sample).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
+        (*sample).kernel_frames = kernel_frames as u16;
+        (*sample).user_frames = user_frames as u16;
+        (*sample).flags = flags;
+        (*sample).user_end = user_end as u8;
+        (*sample)._pad = 0;
 
-        let frames = if (user_frames as usize) < MAX_USER_FRAMES {
-            user_frames as usize
-        } else {
-            MAX_USER_FRAMES
-        };
+        let frames = ((kernel_frames + user_frames) as usize).min(MAX_SAMPLE_FRAMES);
         let bytes = core::slice::from_raw_parts(sample.cast::<u8>(), Sample::record_len(frames));
         // Waking the reader for every sample costs an irq_work and a
         // context switch per sample; the agent drains on a timer instead,

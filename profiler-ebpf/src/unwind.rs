@@ -1,12 +1,14 @@
 //! The user stack walker.
 //!
 //! Starting from the task's user registers, each step finds the caller's
-//! (pc, sp, fp): by an unwind-table row when user space loaded a table for
-//! the code at `pc` (Go's pcsp today; `.eh_frame` next), else by the frame
-//! pointer. This repairs what frame pointers get wrong — code that uses the
-//! frame-pointer register for data (Go's crypto assembly), samples in
-//! prologues and frameless leaves — and walks deeper than the kernel's
-//! 127-frame limit. `bpf_loop` keeps the verifier's work to one step.
+//! (pc, sp, fp): by the rule of the unwind-table row that covers `pc` when
+//! user space loaded a table for its object (Go's pcsp, `.eh_frame` /
+//! `.debug_frame` CFI, signal trampolines), else by the frame pointer. The
+//! layout of the tables and the cost of a lookup are described in
+//! `profiler_common::unwind`. `bpf_loop` keeps the verifier's work to one
+//! step; the walk's state lives in a per-CPU map and reaches each step
+//! through the loop's context pointer, so a step does no map lookup of its
+//! own besides the table's array reads.
 
 use core::ffi::c_void;
 
@@ -15,117 +17,209 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
-use profiler_common::{
-    Counter, MAX_UNWIND_MAPPINGS, MAX_UNWIND_PROCESSES, MAX_UNWIND_ROWS, MAX_USER_FRAMES,
-    ProcessUnwind, SAMPLE_FLAG_USER_STACK_AT_ROOT, SAMPLE_FLAG_USER_STACK_FAILED,
-    SAMPLE_FLAG_USER_STACK_TRUNCATED, UNWIND_CFA_FP, UNWIND_FRAME_POINTER, UNWIND_ROOT,
-    UNWIND_STOP, UnwindRow, UserRegs,
+use profiler_common::unwind::{
+    DEFAULT_UNWIND_ROW_BLOCKS, MAX_PROCESS_UNWIND_MAPPINGS, MAX_UNWIND_MAPPINGS, MAX_UNWIND_PAGES,
+    MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind, RULE_CFA_DEREF_FP, RULE_CFA_FP,
+    RULE_CFA_SP, RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_UNSUPPORTED,
+    RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_PLT, RULE_ROOT, RULE_SIGNAL, RULE_STOP,
+    UNWIND_PAGE_SHIFT, UNWIND_ROWS_PER_BLOCK, UnwindMapping, UnwindPage, UnwindRowBlock,
+    UnwindRule, UserStackEnd,
 };
+use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
-use crate::{SCRATCH, arch, bump};
+use crate::{arch, bump};
 
-/// Rows of every loaded unwind table.
+/// `BPF_F_MMAPABLE`: user space writes the tables through a shared
+/// mapping of the arrays, with no system call per row.
+const MMAPABLE: u32 = 1 << 10;
+
+/// Rows of every loaded table, in blocks (`UNWIND_ROWS_PER_BLOCK` a block).
+/// Sized by the agent at load time from its memory bound.
 #[map]
-static UNWIND_ROWS: Array<UnwindRow> = Array::with_max_entries(MAX_UNWIND_ROWS, 0);
+static UNWIND_ROWS: Array<UnwindRowBlock> =
+    Array::with_max_entries(DEFAULT_UNWIND_ROW_BLOCKS, MMAPABLE);
 
-/// Which of a process's mappings have tables, and where their rows are.
+/// Per-page row ranges of every loaded table.
+#[map]
+static UNWIND_PAGES: Array<UnwindPage> = Array::with_max_entries(MAX_UNWIND_PAGES, MMAPABLE);
+
+/// Distinct rules, node-wide; rule 0 walks frame pointers.
+#[map]
+static UNWIND_RULES: Array<UnwindRule> = Array::with_max_entries(MAX_UNWIND_RULES, MMAPABLE);
+
+/// Mappings with tables, each process's sorted and contiguous.
+#[map]
+static UNWIND_MAPPINGS: Array<UnwindMapping> =
+    Array::with_max_entries(MAX_UNWIND_MAPPINGS, MMAPABLE);
+
+/// Where each process's mappings are.
 #[map]
 static UNWIND_PROCESSES: HashMap<u32, ProcessUnwind> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
 
-/// The walk in progress on this CPU (bpf_loop's callback reads it here).
+/// The walk in progress on this CPU.
 #[repr(C)]
 struct WalkState {
     pc: u64,
     sp: u64,
     fp: u64,
+    /// The link register, while it still holds a return address (arm64:
+    /// the leaf frame, and the frame a signal interrupted); else 0.
+    lr: u64,
+    /// The mapping the previous frame was in (most callers are in the same
+    /// object as their callee): start == end when none.
+    mapping: UnwindMapping,
+    first_mapping: u32,
+    mapping_count: u32,
+    /// User frames written so far, after `kernel_frames` kernel frames.
     frames: u32,
-    flags: u32,
-    process: ProcessUnwind,
+    kernel_frames: u32,
+    /// `UserStackEnd` once the walk is over.
+    end: u32,
+    /// The next pc was interrupted (by a signal), not a return address:
+    /// look it up as is, not one byte back.
+    exact_pc: u32,
 }
 
 #[map]
 static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
 
-/// Walks the current task's user stack into this CPU's scratch sample.
-/// Returns the number of frames and `SAMPLE_FLAG_USER_*` bits.
+/// What each loop step needs, passed through `bpf_loop`'s context pointer.
+#[repr(C)]
+struct StepContext {
+    state: *mut WalkState,
+    sample: *mut Sample,
+}
+
+/// Walks the current task's user stack into `sample.frames`, after the
+/// `kernel_frames` kernel frames already there. Returns the number of user
+/// frames and how the walk ended.
 #[inline(always)]
-pub fn walk_user_stack(pid: u32, regs: &UserRegs) -> (u32, u32) {
+pub fn walk_user_stack(
+    pid: u32,
+    regs: &UserRegs,
+    sample: *mut Sample,
+    kernel_frames: u32,
+) -> (u32, UserStackEnd) {
     // A kernel thread has no user registers worth walking.
     if regs.pc == 0 || regs.pc >= arch::USER_LIMIT {
-        return (0, 0);
+        return (0, UserStackEnd::None);
     }
     let Some(state) = WALK.get_ptr_mut(0) else {
-        return (0, 0);
+        return (0, UserStackEnd::None);
     };
     // SAFETY: this CPU's walk state, used only by this program run.
     unsafe {
         (*state).pc = regs.pc;
         (*state).sp = regs.sp;
         (*state).fp = regs.fp;
+        (*state).lr = arch::strip_pointer_auth(regs.lr);
+        (*state).mapping.start = 0;
+        (*state).mapping.end = 0;
+        (*state).first_mapping = 0;
+        (*state).mapping_count = 0;
         (*state).frames = 0;
-        (*state).flags = 0;
-        (*state).process.count = 0;
-        if arch::TABLE_UNWINDING
-            && let Some(process) = UNWIND_PROCESSES.get(&pid)
-        {
-            (*state).process = *process;
+        (*state).kernel_frames = kernel_frames;
+        (*state).end = UserStackEnd::Truncated as u32;
+        (*state).exact_pc = 0;
+        if let Some(process) = UNWIND_PROCESSES.get(&pid) {
+            (*state).first_mapping = process.first_mapping;
+            (*state).mapping_count = process.mapping_count;
         }
+        let mut context = StepContext { state, sample };
         bpf_loop(
             MAX_USER_FRAMES as u32,
             step as *mut c_void,
-            core::ptr::null_mut(),
+            (&mut context as *mut StepContext).cast(),
             0,
         );
-        ((*state).frames, (*state).flags)
+        let end = match (*state).end {
+            1 => UserStackEnd::Root,
+            2 => UserStackEnd::NoTable,
+            3 => UserStackEnd::TableStop,
+            4 => UserStackEnd::ReadFault,
+            _ => UserStackEnd::Truncated,
+        };
+        if end == UserStackEnd::Truncated {
+            bump(Counter::UserStackTruncated);
+        }
+        ((*state).frames, end)
     }
 }
 
 const CONTINUE: i64 = 0;
 const STOP: i64 = 1;
 
-/// One frame: record `pc`, then move to the caller. Returns STOP when
-/// the walk is over.
-extern "C" fn step(_index: u64, _ctx: *mut c_void) -> i64 {
-    let (Some(state), Some(sample)) = (WALK.get_ptr_mut(0), SCRATCH.get_ptr_mut(0)) else {
-        return STOP;
-    };
-    // SAFETY: this CPU's walk state and scratch sample, exclusively ours
+/// One frame: record `pc`, then move to the caller. Returns STOP when the
+/// walk is over (with `state.end` saying why).
+extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: `context` is the StepContext on walk_user_stack's stack, and
+    // its pointers are this CPU's walk state and scratch sample, ours
     // while the program runs.
-    let (state, sample) = unsafe { (&mut *state, &mut *sample) };
-    let n = state.frames as usize;
-    if n >= MAX_USER_FRAMES {
-        state.flags |= SAMPLE_FLAG_USER_STACK_TRUNCATED;
-        bump(Counter::UserStackTruncated);
-        return STOP;
+    let (state, sample) = unsafe {
+        let context = &*(context as *const StepContext);
+        (&mut *context.state, &mut *context.sample)
+    };
+    let n = state.frames;
+    let slot = (state.kernel_frames + n) as usize;
+    if n as usize >= MAX_USER_FRAMES || slot >= MAX_SAMPLE_FRAMES {
+        return STOP; // end stays Truncated
     }
-    sample.user_stack[n] = state.pc;
-    state.frames += 1;
+    if let Some(frame) = sample.frames.get_mut(slot) {
+        *frame = state.pc;
+    }
+    state.frames = n + 1;
 
     // A caller's pc is a return address: look up the call instruction.
-    let lookup = if n == 0 { state.pc } else { state.pc - 1 };
-    let stepped = match find_row(&state.process, lookup) {
-        Some(row) if row.flags & UNWIND_STOP != 0 => {
-            if row.flags & UNWIND_ROOT != 0 {
-                state.flags |= SAMPLE_FLAG_USER_STACK_AT_ROOT;
+    let lookup = if n == 0 || state.exact_pc != 0 {
+        state.pc
+    } else {
+        state.pc - 1
+    };
+    state.exact_pc = 0;
+    let rule = find_rule(state, lookup);
+    let stepped = match rule.kind {
+        RULE_FRAME_POINTER => {
+            if rule.flags & RULE_FLAG_UNSUPPORTED != 0 {
+                bump(Counter::FramesUnsupportedCfi);
             }
-            return STOP;
+            frame_pointer_step(state)
         }
-        Some(row) if row.flags & UNWIND_FRAME_POINTER == 0 => {
+        RULE_CFA_SP | RULE_CFA_FP | RULE_CFA_DEREF_FP | RULE_PLT => {
             bump(Counter::FramesFromTables);
-            table_step(state, &row)
+            table_step(state, &rule, lookup)
         }
-        _ => frame_pointer_step(state),
+        RULE_SIGNAL => {
+            bump(Counter::SignalFrames);
+            signal_step(state)
+        }
+        // The rule is for the call inside asmcgocall: at its own leaf the
+        // stacks have not been switched yet.
+        RULE_GO_CGOCALL if n > 0 => {
+            bump(Counter::FramesFromTables);
+            cgocall_step(state)
+        }
+        RULE_ROOT => Ok(Step::End(UserStackEnd::Root)),
+        // RULE_STOP, and a kind this walker does not know.
+        RULE_STOP | _ => Ok(Step::End(UserStackEnd::TableStop)),
     };
     match stepped {
-        Ok(true) => CONTINUE,
-        Ok(false) => STOP,
+        Ok(Step::Next) => CONTINUE,
+        Ok(Step::End(end)) => {
+            state.end = end as u32;
+            STOP
+        }
         Err(()) => {
-            state.flags |= SAMPLE_FLAG_USER_STACK_FAILED;
+            state.end = UserStackEnd::ReadFault as u32;
             bump(Counter::UserStackFailed);
             STOP
         }
     }
+}
+
+enum Step {
+    Next,
+    End(UserStackEnd),
 }
 
 #[inline(always)]
@@ -135,85 +229,224 @@ fn read_user(address: u64) -> Result<u64, ()> {
 }
 
 #[inline(always)]
-fn read_frame_record(address: u64) -> Result<[u64; 2], ()> {
+fn read_pair(address: u64) -> Result<[u64; 2], ()> {
     // SAFETY: bpf_probe_read_user checks the address; a fault is an Err.
     unsafe { bpf_probe_read_user(address as *const [u64; 2]) }.map_err(|_| ())
 }
 
-/// Caller by frame-pointer record. Ok(false) at the end of the chain.
+/// Moves to the caller at `pc`; a return address of 0 ends the stack.
 #[inline(always)]
-fn frame_pointer_step(state: &mut WalkState) -> Result<bool, ()> {
+fn return_to(state: &mut WalkState, return_address: u64) -> Step {
+    state.pc = arch::strip_pointer_auth(return_address);
+    // Only the first frame (or one a signal interrupted) has its return
+    // address in the link register.
+    state.lr = 0;
+    if state.pc == 0 {
+        Step::End(UserStackEnd::Root)
+    } else {
+        Step::Next
+    }
+}
+
+/// Caller by frame-pointer record.
+#[inline(always)]
+fn frame_pointer_step(state: &mut WalkState) -> Result<Step, ()> {
     let fp = state.fp;
     // A frame record lives above the stack pointer; anything else is not a
     // frame pointer (or the outermost frame's 0).
     if fp == 0 || fp < state.sp {
-        return Ok(false);
+        return Ok(Step::End(UserStackEnd::NoTable));
     }
     // One read of the whole two-word record: half the helper calls of
     // reading the words one by one (the walker's main per-frame cost).
-    let record = read_frame_record(fp)?;
+    let record = read_pair(fp)?;
     let return_address = record[(arch::FRAME_RECORD_RETURN_ADDRESS / 8) as usize];
-    let caller_fp = record[(arch::FRAME_RECORD_CALLER_FP / 8) as usize];
+    state.fp = record[(arch::FRAME_RECORD_CALLER_FP / 8) as usize];
     state.sp = fp + arch::FRAME_RECORD_SIZE;
-    state.fp = caller_fp;
-    state.pc = return_address;
-    Ok(return_address != 0)
+    if return_address == 0 {
+        return Ok(Step::End(UserStackEnd::NoTable));
+    }
+    Ok(return_to(state, return_address))
 }
 
-/// Caller by an unwind-table row (x86_64 rules, see `UnwindRow`).
+/// Caller by a CFA rule.
 #[inline(always)]
-fn table_step(state: &mut WalkState, row: &UnwindRow) -> Result<bool, ()> {
-    let base = if row.flags & UNWIND_CFA_FP != 0 {
+fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step, ()> {
+    let offset = rule.cfa_offset as i64 as u64;
+    let cfa = match rule.kind {
+        RULE_CFA_FP => state.fp.wrapping_add(offset),
+        RULE_CFA_DEREF_FP => read_user(state.fp.wrapping_add(offset))?,
+        RULE_PLT if (pc & 15) as i16 >= rule.param => state.sp.wrapping_add(offset + 8),
+        _ => state.sp.wrapping_add(offset),
+    };
+    // The caller's frame is above this one. With the return address still
+    // in the link register (arm64 leaves) the frame may be empty.
+    let in_lr = rule.ra_offset == 0;
+    if cfa < state.sp || (cfa == state.sp && !in_lr) || cfa >= arch::USER_LIMIT {
+        return Ok(Step::End(UserStackEnd::TableStop));
+    }
+    let fp_lost = rule.flags & RULE_FLAG_FP_LOST != 0;
+    let fp_base = if rule.flags & RULE_FLAG_FP_FROM_FP != 0 {
         state.fp
     } else {
-        state.sp
+        cfa
     };
-    let cfa = base.wrapping_add(row.cfa_offset as i64 as u64);
-    if cfa <= state.sp {
-        return Ok(false);
+    let return_address;
+    if in_lr {
+        if state.lr == 0 {
+            return Ok(Step::End(UserStackEnd::TableStop));
+        }
+        return_address = state.lr;
+        if rule.fp_offset != 0 && !fp_lost {
+            state.fp = read_user(fp_base.wrapping_add(rule.fp_offset as i64 as u64))?;
+        }
+    } else if rule.fp_offset != 0
+        && !fp_lost
+        && rule.flags & RULE_FLAG_FP_FROM_FP == 0
+        && rule.fp_offset == rule.ra_offset - 8
+    {
+        // The common frame record, caller's FP just below the return
+        // address: one read for both.
+        let record = read_pair(cfa.wrapping_add(rule.fp_offset as i64 as u64))?;
+        state.fp = record[0];
+        return_address = record[1];
+    } else {
+        return_address = read_user(cfa.wrapping_add(rule.ra_offset as i64 as u64))?;
+        if rule.fp_offset != 0 && !fp_lost {
+            state.fp = read_user(fp_base.wrapping_add(rule.fp_offset as i64 as u64))?;
+        }
     }
-    let return_address = read_user(cfa - 8)?;
-    if row.fp_offset != 0 {
-        state.fp = read_user(cfa.wrapping_add(row.fp_offset as i64 as u64))?;
+    if fp_lost {
+        state.fp = 0;
     }
     state.sp = cfa;
-    state.pc = return_address;
-    Ok(return_address != 0)
+    Ok(return_to(state, return_address))
 }
 
-/// The row covering `pc` in the process's tables, if any.
+/// Caller of a signal trampoline: the registers the signal interrupted,
+/// from the signal frame's ucontext at SP.
 #[inline(always)]
-fn find_row(process: &ProcessUnwind, pc: u64) -> Option<UnwindRow> {
-    let mut found: Option<(u32, u32, u32)> = None;
-    for i in 0..MAX_UNWIND_MAPPINGS {
-        if i as u32 >= process.count {
-            break;
-        }
-        let m = &process.mappings[i];
-        if m.start <= pc && pc < m.end && pc >= m.base && m.row_count > 0 {
-            let offset = pc - m.base;
-            if offset <= u32::MAX as u64 {
-                found = Some((m.first_row, m.row_count, offset as u32));
-            }
-            break;
-        }
+fn signal_step(state: &mut WalkState) -> Result<Step, ()> {
+    let frame = state.sp;
+    let pc = read_user(frame + arch::SIGNAL_PC)?;
+    let sp = read_user(frame + arch::SIGNAL_SP)?;
+    let fp = read_user(frame + arch::SIGNAL_FP)?;
+    let lr = match arch::SIGNAL_LR {
+        Some(offset) => read_user(frame + offset)?,
+        None => 0,
+    };
+    if pc == 0 || pc >= arch::USER_LIMIT {
+        return Ok(Step::End(UserStackEnd::TableStop));
     }
-    let (first, count, offset) = found?;
-    // Binary search: the last row whose pc <= offset. 21 halvings cover
-    // MAX_UNWIND_ROWS (2^20).
+    // The handler may have run on an alternate stack: SP may go anywhere.
+    state.sp = sp;
+    state.fp = fp;
+    state.pc = arch::strip_pointer_auth(pc);
+    state.lr = arch::strip_pointer_auth(lr);
+    state.exact_pc = 1;
+    Ok(Step::Next)
+}
+
+/// Caller of Go's asmcgocall (amd64) on the system stack: back onto the
+/// goroutine's stack, where asmcgocall's return address into
+/// runtime.cgocall is (see RULE_GO_CGOCALL).
+#[inline(always)]
+fn cgocall_step(state: &mut WalkState) -> Result<Step, ()> {
+    let saved = read_pair(state.sp)?;
+    let (depth, g) = (saved[0], saved[1]);
+    let goroutine_sp = if g == 0 {
+        depth
+    } else {
+        // g.stack.hi: the second word of g (g.stack is its first field in
+        // every Go version).
+        read_user(g + 8)?.wrapping_sub(depth)
+    };
+    if goroutine_sp == 0 || goroutine_sp >= arch::USER_LIMIT {
+        return Ok(Step::End(UserStackEnd::TableStop));
+    }
+    let return_address = read_user(goroutine_sp)?;
+    state.sp = goroutine_sp + 8;
+    Ok(return_to(state, return_address))
+}
+
+/// The rule covering `pc`: from its process's tables, or the frame-pointer
+/// rule (all zero) where there is none.
+#[inline(always)]
+fn find_rule(state: &mut WalkState, pc: u64) -> UnwindRule {
+    let none = UnwindRule::default();
+    if !(state.mapping.start <= pc && pc < state.mapping.end) && !find_mapping(state, pc) {
+        return none;
+    }
+    let offset = pc.wrapping_sub(state.mapping.base);
+    let page_index = offset >> UNWIND_PAGE_SHIFT;
+    if page_index >= state.mapping.page_count as u64 {
+        return none;
+    }
+    let Some(page) = UNWIND_PAGES.get(state.mapping.first_page + page_index as u32) else {
+        return none;
+    };
+    let (first, count) = (page.first_row, page.row_count);
+    if count == 0 {
+        return none;
+    }
+    let target = (offset & ((1 << UNWIND_PAGE_SHIFT) - 1)) as u16;
+    // The last row whose pc_low <= target; rows of a page hold at most
+    // 2^16 distinct pcs, so 17 halvings always finish.
     let (mut lo, mut hi) = (0u32, count);
-    for _ in 0..21 {
+    for _ in 0..17 {
         if lo + 1 >= hi {
             break;
         }
         let mid = lo + (hi - lo) / 2;
-        let row = UNWIND_ROWS.get(first + mid)?;
-        if row.pc <= offset {
-            lo = mid;
-        } else {
-            hi = mid;
+        match row(first + mid) {
+            Some((pc_low, _)) if pc_low <= target => lo = mid,
+            Some(_) => hi = mid,
+            None => return none,
         }
     }
-    let row = *UNWIND_ROWS.get(first + lo)?;
-    (row.pc <= offset).then_some(row)
+    let Some((_, rule)) = row(first + lo) else {
+        return none;
+    };
+    match UNWIND_RULES.get(rule as u32) {
+        Some(rule) => *rule,
+        None => none,
+    }
+}
+
+/// Row `index` of the row array: (pc_low, rule).
+#[inline(always)]
+fn row(index: u32) -> Option<(u16, u16)> {
+    let block = UNWIND_ROWS.get(index / UNWIND_ROWS_PER_BLOCK)?;
+    let row = block.rows.get((index % UNWIND_ROWS_PER_BLOCK) as usize)?;
+    Some((row.pc_low, row.rule))
+}
+
+/// Finds the process's mapping holding `pc` and caches it in `state`.
+#[inline(always)]
+fn find_mapping(state: &mut WalkState, pc: u64) -> bool {
+    let (first, count) = (state.first_mapping, state.mapping_count);
+    if count == 0 || count > MAX_PROCESS_UNWIND_MAPPINGS {
+        return false;
+    }
+    // The last mapping starting at or below pc; 13 halvings cover
+    // MAX_PROCESS_UNWIND_MAPPINGS (2^12).
+    let (mut lo, mut hi) = (0u32, count);
+    for _ in 0..13 {
+        if lo + 1 >= hi {
+            break;
+        }
+        let mid = lo + (hi - lo) / 2;
+        match UNWIND_MAPPINGS.get(first + mid) {
+            Some(m) if m.start <= pc => lo = mid,
+            Some(_) => hi = mid,
+            None => return false,
+        }
+    }
+    match UNWIND_MAPPINGS.get(first + lo) {
+        Some(m) if m.start <= pc && pc < m.end => {
+            state.mapping = *m;
+            true
+        }
+        _ => false,
+    }
 }

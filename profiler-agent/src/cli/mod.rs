@@ -78,9 +78,16 @@ pub struct RecordArgs {
     pub quiet: bool,
 
     /// Walk user stacks by frame pointers only, as perf and bpftrace do,
-    /// without the unwind tables that repair Go stacks (for comparison).
+    /// without the unwind tables (.eh_frame CFI, Go pclntab) that complete
+    /// stacks of code built without frame pointers (for comparison).
     #[arg(long)]
     pub frame_pointers_only: bool,
+
+    /// Kernel memory for unwind tables, in MiB (4 bytes a row, allocated at
+    /// start); when full, the least recently sampled tables are evicted.
+    #[arg(long, default_value_t = 64, value_name = "MIB",
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub unwind_table_mib: u64,
 }
 
 fn output_path(text: &str) -> Result<PathBuf, String> {

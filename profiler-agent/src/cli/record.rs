@@ -38,6 +38,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         frequency_hz: args.frequency,
         pids: pids.clone(),
         unwind_tables: !args.frame_pointers_only,
+        unwind_table_bytes: args.unwind_table_mib << 20,
     };
     let mut recorder = Recorder::start(&config)?;
     let status = !args.quiet && std::io::stderr().is_terminal();
@@ -148,6 +149,40 @@ fn check_target_samples(pids: &[u32], recording: &Recording) -> anyhow::Result<(
     Ok(())
 }
 
+/// "980 complete to their root, 20 cut short (12 no unwind table, ...)".
+pub(crate) fn user_stack_summary(ends: &crate::record::UserStackEnds) -> String {
+    use profiler_common::unwind::UserStackEnd;
+    let reasons = [
+        (
+            UserStackEnd::NoTable,
+            "frame pointers ended in code without a table",
+        ),
+        (UserStackEnd::TableStop, "a frame the table cannot pass"),
+        (UserStackEnd::ReadFault, "stack memory unreadable"),
+        (UserStackEnd::Truncated, "the 1024-frame limit"),
+    ];
+    let cut: Vec<String> = reasons
+        .iter()
+        .filter(|(end, _)| ends.get(*end) > 0)
+        .map(|(end, why)| format!("{} {why}", ends.get(*end)))
+        .collect();
+    let mut text = format!(
+        "{} complete to their root, {} did not reach it",
+        ends.get(UserStackEnd::Root),
+        ends.incomplete()
+    );
+    if !cut.is_empty() {
+        text.push_str(&format!(" ({})", cut.join(", ")));
+    }
+    let none = ends.get(UserStackEnd::None);
+    if none > 0 {
+        text.push_str(&format!(
+            "; {none} samples without a user stack (kernel threads)"
+        ));
+    }
+    text
+}
+
 fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -169,13 +204,8 @@ fn report(recording: &Recording, output: &Path, format: Format, samples_written:
     );
     eprintln!(
         "  kernel: {} samples taken, {} idle, {} outside --pid, {} lost (ring buffer full), \
-         stack walks failed: {} user, {} kernel",
-        c.fired,
-        c.idle,
-        c.filtered_out,
-        c.ring_buffer_full,
-        c.user_stack_failed,
-        c.kernel_stack_failed
+         {} kernel stack walks failed",
+        c.fired, c.idle, c.filtered_out, c.ring_buffer_full, c.kernel_stack_failed
     );
     if recording.queue_dropped > 0 {
         eprintln!(
@@ -190,28 +220,41 @@ fn report(recording: &Recording, output: &Path, format: Format, samples_written:
         );
     }
     eprintln!(
+        "  user stacks: {}",
+        user_stack_summary(&recording.user_stack_ends)
+    );
+    eprintln!(
         "  symbols: {} objects read, {} unreadable; addresses named {} user + {} kernel, \
-         unnamed {} user + {} kernel; {} user stacks cut at {} frames",
+         unnamed {} user + {} kernel",
         s.objects_parsed,
         s.objects_failed,
         s.user_resolved,
         s.kernel_resolved,
         s.user_unresolved,
         s.kernel_unresolved,
-        recording.user_stack_truncated,
-        profiler_common::MAX_USER_FRAMES,
     );
     let t = &recording.unwind_tables;
-    if t.objects_with_tables > 0 || c.frames_from_tables > 0 {
+    if t.tables_loaded > 0 || c.frames_from_tables > 0 {
         eprintln!(
-            "  unwinding: tables for {} objects ({} rows) in {} processes; {} frames unwound by \
-             tables; {} user stacks reached their root; {} tables did not fit",
+            "  unwinding: tables for {} objects ({} rows, {:.1} MiB) in {} processes, built in \
+             {} ms; {} frames unwound by tables, {} through signal frames, {} by frame pointers \
+             where the CFI has no table rule",
             t.objects_with_tables,
             t.rows_loaded,
+            t.rows_loaded as f64 * 4.0 / (1 << 20) as f64,
             t.processes_registered,
+            t.build_time.as_millis(),
             c.frames_from_tables,
-            recording.user_stack_at_root,
-            t.tables_dropped,
+            c.signal_frames,
+            c.frames_unsupported_cfi,
+        );
+    }
+    let without = t.objects_no_unwind_info + t.objects_unreadable;
+    if without + t.tables_dropped + t.tables_evicted > 0 {
+        eprintln!(
+            "  objects without unwind tables (frame pointers only): {} without CFI or pclntab, \
+             {} unreadable, {} did not fit in --unwind-table-mib, {} evicted",
+            t.objects_no_unwind_info, t.objects_unreadable, t.tables_dropped, t.tables_evicted
         );
     }
     for problem in symbolizer.problems.iter().take(10) {

@@ -72,9 +72,12 @@ pub struct RunArgs {
     /// text or json [default: text]. The level: PROFILER_AGENT_LOG (info).
     #[arg(long, env = "PROFILER_AGENT_LOG_FORMAT")]
     pub log_format: Option<LogFormat>,
-    /// Frame-pointer walks only, no Go unwind tables [default: false].
+    /// Frame-pointer walks only, no unwind tables [default: false].
     #[arg(long, env = "PROFILER_AGENT_FRAME_POINTERS_ONLY", value_name = "BOOL")]
     pub frame_pointers_only: Option<bool>,
+    /// Kernel memory for unwind tables, MiB [default: 64].
+    #[arg(long, env = "PROFILER_AGENT_UNWIND_TABLE_MIB", value_name = "MIB")]
+    pub unwind_table_mib: Option<u64>,
     /// Restart the sampler above this many tracked processes [default: 4096].
     #[arg(long, env = "PROFILER_AGENT_MAX_PROCESSES")]
     pub max_processes: Option<usize>,
@@ -193,6 +196,7 @@ impl RunArgs {
             grace_period: self.grace_period,
             log_format: self.log_format,
             frame_pointers_only: self.frame_pointers_only,
+            unwind_table_mib: self.unwind_table_mib,
             max_processes: self.max_processes,
             max_objects: self.max_objects,
             directory_path: self.directory_path.clone(),

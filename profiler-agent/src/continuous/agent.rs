@@ -115,6 +115,7 @@ struct Totals {
     kernel_unresolved: u64,
     tables_dropped: u64,
     queue_dropped: u64,
+    user_stack_ends: crate::record::UserStackEnds,
 }
 
 impl Totals {
@@ -128,6 +129,7 @@ impl Totals {
             kernel_unresolved: s.kernel_unresolved,
             tables_dropped: recording.unwind_tables.tables_dropped,
             queue_dropped: recording.queue_dropped,
+            user_stack_ends: recording.user_stack_ends,
         }
     }
 
@@ -140,6 +142,11 @@ impl Totals {
             kernel_unresolved: self.kernel_unresolved + other.kernel_unresolved,
             tables_dropped: self.tables_dropped + other.tables_dropped,
             queue_dropped: self.queue_dropped + other.queue_dropped,
+            user_stack_ends: {
+                let mut ends = self.user_stack_ends;
+                ends += other.user_stack_ends;
+                ends
+            },
         }
     }
 }
@@ -176,6 +183,7 @@ impl Agent {
             frequency_hz: config.frequency_hz,
             pids: config.pids.clone(),
             unwind_tables: !config.frame_pointers_only,
+            unwind_table_bytes: config.unwind_table_mib << 20,
         };
         let recorder = Recorder::start(&sampling)?;
         let (pull_tx, pull_requests) = std::sync::mpsc::channel();
@@ -473,9 +481,24 @@ impl Agent {
                 m.bpf_unwind_processes.store(o.processes.into(), Relaxed);
                 m.bpf_unwind_processes_capacity
                     .store(o.processes_capacity.into(), Relaxed);
+                m.bpf_unwind_bytes_used.store(o.bytes_used, Relaxed);
+                m.bpf_unwind_bytes_capacity.store(o.bytes_capacity, Relaxed);
+            }
+            if let Some(u) = recorder.unwind_stats() {
+                m.unwind_tables_evicted.store(u.tables_evicted, Relaxed);
+                m.unwind_objects_no_unwind_info
+                    .store(u.objects_no_unwind_info, Relaxed);
+                m.unwind_objects_unreadable
+                    .store(u.objects_unreadable, Relaxed);
             }
         }
         m.unwind_tables_dropped.store(t.tables_dropped, Relaxed);
+        for (end, slot) in profiler_common::unwind::UserStackEnd::ALL
+            .iter()
+            .zip(&m.user_stack_ends)
+        {
+            slot.store(t.user_stack_ends.get(*end), Relaxed);
+        }
         m.samples_queue_dropped.store(t.queue_dropped, Relaxed);
         if self.probes.attached() > 0 {
             *m.probe_text.lock().unwrap_or_else(|e| e.into_inner()) = self.probes.render();

@@ -58,8 +58,11 @@ pub struct Config {
     pub grace_period: Duration,
     /// `text` or `json`.
     pub log_format: LogFormat,
-    /// Walk user stacks with frame pointers only (no Go unwind tables).
+    /// Walk user stacks with frame pointers only (no unwind tables).
     pub frame_pointers_only: bool,
+    /// Kernel memory for unwind-table rows, in MiB (allocated at start;
+    /// beyond it the least recently sampled tables are evicted).
+    pub unwind_table_mib: u64,
     /// Above this many tracked processes (or `max_objects` open object
     /// files), the sampler is restarted at the next window boundary so
     /// every cache starts empty again: a bound on memory.
@@ -189,6 +192,7 @@ impl Default for Config {
             grace_period: Duration::from_secs(10),
             log_format: LogFormat::Text,
             frame_pointers_only: false,
+            unwind_table_mib: crate::sampling::DEFAULT_UNWIND_TABLE_BYTES >> 20,
             max_processes: 4096,
             max_objects: 4096,
             directory: DirectoryConfig::default(),
@@ -262,6 +266,7 @@ pub struct Overrides {
     pub grace_period: Option<Duration>,
     pub log_format: Option<LogFormat>,
     pub frame_pointers_only: Option<bool>,
+    pub unwind_table_mib: Option<u64>,
     pub max_processes: Option<usize>,
     pub max_objects: Option<usize>,
     pub directory_path: Option<PathBuf>,
@@ -338,6 +343,7 @@ impl Config {
         set(&mut self.grace_period, &o.grace_period);
         set(&mut self.log_format, &o.log_format);
         set(&mut self.frame_pointers_only, &o.frame_pointers_only);
+        set(&mut self.unwind_table_mib, &o.unwind_table_mib);
         set(&mut self.max_processes, &o.max_processes);
         set(&mut self.max_objects, &o.max_objects);
         let d = &mut self.directory;
@@ -544,6 +550,7 @@ mod tests {
             "grace_period",
             "log_format",
             "frame_pointers_only",
+            "unwind_table_mib",
             "max_processes",
             "max_objects",
         ];

@@ -42,6 +42,16 @@ pub struct Metrics {
     pub bpf_unwind_processes: AtomicU64,
     pub bpf_unwind_processes_capacity: AtomicU64,
     pub unwind_tables_dropped: AtomicU64,
+    pub unwind_tables_evicted: AtomicU64,
+    pub bpf_unwind_bytes_used: AtomicU64,
+    pub bpf_unwind_bytes_capacity: AtomicU64,
+    /// Objects without an unwind table: no CFI or pclntab in them.
+    pub unwind_objects_no_unwind_info: AtomicU64,
+    /// Objects without an unwind table: unreadable or not ELF.
+    pub unwind_objects_unreadable: AtomicU64,
+    /// Samples by how their user stack walk ended (`UserStackEnd` order:
+    /// none, root, no_table, table_stop, read_fault, truncated).
+    pub user_stack_ends: [AtomicU64; 6],
     /// Samples of processes outside the cgroup/namespace selection.
     pub samples_unselected: AtomicU64,
     pub probes_attached: AtomicU64,
@@ -108,7 +118,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let l = |a: &AtomicU64| a.load(Relaxed);
-        let counters: [(&str, &str, u64); 32] = [
+        let counters: [(&str, &str, u64); 35] = [
             (
                 "profiler_agent_kernel_samples_total",
                 "Perf events that fired (samples taken by the kernel, idle included).",
@@ -240,6 +250,21 @@ impl Metrics {
                 l(&self.unwind_tables_dropped),
             ),
             (
+                "profiler_agent_unwind_tables_evicted_total",
+                "Unwind tables evicted to make room, least recently sampled first (their objects then unwind by frame pointers).",
+                l(&self.unwind_tables_evicted),
+            ),
+            (
+                "profiler_agent_bpf_unwind_bytes_used",
+                "Bytes of the unwinder's BPF arrays (rows, pages, rules, mappings) holding loaded tables.",
+                l(&self.bpf_unwind_bytes_used),
+            ),
+            (
+                "profiler_agent_bpf_unwind_bytes_capacity",
+                "Bytes of kernel memory the unwinder's BPF arrays hold (allocated at start).",
+                l(&self.bpf_unwind_bytes_capacity),
+            ),
+            (
                 "profiler_agent_samples_unselected_total",
                 "Samples of processes outside the configured cgroups/namespaces (dropped).",
                 l(&self.samples_unselected),
@@ -281,6 +306,35 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP profiler_agent_user_stacks_total Samples by how their user stack walk ended: \
+             root (complete), no_table (frame pointers ran out in code without an unwind table), \
+             table_stop (a table said the frame cannot be passed), read_fault, truncated (1024 \
+             frames), none (no user stack).\n\
+             # TYPE profiler_agent_user_stacks_total counter"
+        );
+        for (end, value) in profiler_common::unwind::UserStackEnd::ALL
+            .iter()
+            .zip(&self.user_stack_ends)
+        {
+            let _ = writeln!(
+                out,
+                "profiler_agent_user_stacks_total{{end=\"{}\"}} {}",
+                end.name(),
+                l(value)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP profiler_agent_unwind_objects_without_table Mapped objects that got no unwind \
+             table (their code walks frame pointers), by reason.\n\
+             # TYPE profiler_agent_unwind_objects_without_table gauge\n\
+             profiler_agent_unwind_objects_without_table{{reason=\"no_unwind_info\"}} {}\n\
+             profiler_agent_unwind_objects_without_table{{reason=\"unreadable\"}} {}",
+            l(&self.unwind_objects_no_unwind_info),
+            l(&self.unwind_objects_unreadable),
+        );
         let _ = writeln!(
             out,
             "# HELP profiler_agent_resident_memory_bytes Resident set size of the agent.\n\

@@ -12,10 +12,8 @@ pub use to_profile::{ProfileWindow, build_profile, build_profile_of};
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use profiler_common::{
-    MAX_STACK_DEPTH, MAX_USER_FRAMES, SAMPLE_FLAG_USER_STACK_AT_ROOT,
-    SAMPLE_FLAG_USER_STACK_TRUNCATED, Sample,
-};
+use profiler_common::Sample;
+use profiler_common::unwind::UserStackEnd;
 
 use crate::process::ProcessTable;
 use crate::profile::Profile;
@@ -60,11 +58,43 @@ pub struct Recording {
     /// Samples read from the ring buffer but dropped in user space because
     /// aggregation fell too far behind (the queue's byte bound).
     pub queue_dropped: u64,
-    /// Samples whose user stack walk stopped at `MAX_USER_FRAMES`.
-    pub user_stack_truncated: u64,
-    /// Samples whose user stack walk ended at a root an unwind table marks
-    /// (Go's runtime.goexit, runtime.mstart, ...).
-    pub user_stack_at_root: u64,
+    /// How each sample's user stack walk ended, indexed by
+    /// `UserStackEnd` (root, no table, table stop, read fault, the
+    /// `MAX_USER_FRAMES` limit).
+    pub user_stack_ends: UserStackEnds,
+}
+
+/// Samples by how their user stack walk ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UserStackEnds {
+    counts: [u64; UserStackEnd::ALL.len()],
+}
+
+impl UserStackEnds {
+    pub fn add(&mut self, end: UserStackEnd, count: u64) {
+        self.counts[end as usize] += count;
+    }
+
+    pub fn get(&self, end: UserStackEnd) -> u64 {
+        self.counts[end as usize]
+    }
+
+    /// Samples with a user stack that did not reach a root.
+    pub fn incomplete(&self) -> u64 {
+        UserStackEnd::ALL
+            .iter()
+            .filter(|&&e| e != UserStackEnd::None && e != UserStackEnd::Root)
+            .map(|&e| self.get(e))
+            .sum()
+    }
+}
+
+impl std::ops::AddAssign for UserStackEnds {
+    fn add_assign(&mut self, other: UserStackEnds) {
+        for (a, b) in self.counts.iter_mut().zip(other.counts) {
+            *a += b;
+        }
+    }
 }
 
 impl Recording {
@@ -92,15 +122,20 @@ pub struct Recorder {
     tables: Option<UnwindTables>,
     recording: Recording,
     started: Instant,
+    /// Processes sampled since the table loader was last told (it evicts
+    /// the tables of the least recently sampled first).
+    sampled: std::collections::HashSet<u32>,
 }
 
 impl Recorder {
-    /// Starts sampling. Processes to profile that are already running (the
-    /// `--pid` targets, or every Go process system-wide) get their unwind
-    /// tables before the first sample; others when first sampled.
+    /// Starts sampling. The `--pid` targets get their unwind tables before
+    /// the first sample; system-wide, running Go processes have theirs
+    /// queued first (their stacks need tables most), and every other
+    /// process gets its tables built when first sampled, on the loader's
+    /// thread.
     pub fn start(config: &SamplingConfig) -> Result<Self, SamplingError> {
         let mut processes = ProcessTable::default();
-        let mut symbolizer = Symbolizer::default();
+        let symbolizer = Symbolizer::default();
         let (sampler, tables) = Sampler::start(config, |tables| {
             if !config.unwind_tables {
                 return;
@@ -113,8 +148,11 @@ impl Recorder {
             for pid in pids {
                 processes.observe(pid, &[]);
                 if let Some(process) = processes.get(pid) {
-                    tables.register(process, &mut symbolizer);
+                    tables.register(process);
                 }
+            }
+            if !config.pids.is_empty() {
+                tables.flush();
             }
         })?;
         Ok(Recorder {
@@ -132,19 +170,28 @@ impl Recorder {
                 frequency_hz: config.frequency_hz,
                 samples: 0,
                 queue_dropped: 0,
-                user_stack_truncated: 0,
-                user_stack_at_root: 0,
+                user_stack_ends: UserStackEnds::default(),
             },
             started: Instant::now(),
+            sampled: Default::default(),
         })
     }
 
     /// Waits up to `timeout` for samples and aggregates them.
     pub fn poll(&mut self, timeout: Duration) -> usize {
         let recording = &mut self.recording;
-        let tables = &mut self.tables;
-        self.sampler
-            .drain(timeout, |sample| aggregate(recording, tables, sample))
+        let tables = &self.tables;
+        let sampled = &mut self.sampled;
+        let count = self.sampler.drain(timeout, |sample| {
+            sampled.insert(sample.pid);
+            aggregate(recording, tables, sample)
+        });
+        if let Some(tables) = &self.tables
+            && !self.sampled.is_empty()
+        {
+            tables.sampled(self.sampled.drain().collect());
+        }
+        count
     }
 
     /// CPUs being sampled.
@@ -199,7 +246,15 @@ impl Recorder {
 
     /// Unwind-table loading so far (a continuous run reports it live).
     pub fn unwind_stats(&self) -> Option<crate::unwind::UnwindTableStats> {
-        self.tables.as_ref().map(|t| t.stats)
+        self.tables.as_ref().map(|t| t.stats())
+    }
+
+    /// Waits until the unwind tables of every process seen so far are
+    /// loaded (tests; a run never needs to).
+    pub fn flush_unwind_tables(&self) {
+        if let Some(tables) = &self.tables {
+            tables.flush();
+        }
     }
 
     /// Hands the resident pages of mapped binaries back (see
@@ -236,11 +291,11 @@ impl Recorder {
             alive
         });
         let mapped = self.recording.processes.object_ids();
-        if let Some(tables) = &mut self.tables {
+        if let Some(tables) = &self.tables {
             for pid in gone {
                 tables.unregister(pid);
             }
-            tables.retain_objects(|id| mapped.contains(id));
+            tables.retain_objects(mapped.clone());
         }
         self.recording
             .symbolizer
@@ -257,35 +312,31 @@ impl Recorder {
         self.recording.counters = self.sampler.counters();
         self.recording.queue_dropped = self.sampler.queue_dropped();
         if let Some(tables) = &self.tables {
-            self.recording.unwind_tables = tables.stats;
+            tables.flush();
+            self.recording.unwind_tables = tables.stats();
         }
         self.recording
     }
 }
 
-fn aggregate(recording: &mut Recording, tables: &mut Option<UnwindTables>, sample: &Sample) {
-    let user_len = (sample.user_frames as usize).min(MAX_USER_FRAMES);
-    let kernel_len = (sample.kernel_frames as usize).min(MAX_STACK_DEPTH);
-    let user = &sample.user_stack[..user_len];
+fn aggregate(recording: &mut Recording, tables: &Option<UnwindTables>, sample: &Sample) {
+    let user = sample.user_stack();
     recording.samples += 1;
-    if sample.flags & SAMPLE_FLAG_USER_STACK_TRUNCATED != 0 {
-        recording.user_stack_truncated += 1;
-    }
-    if sample.flags & SAMPLE_FLAG_USER_STACK_AT_ROOT != 0 {
-        recording.user_stack_at_root += 1;
+    if let Some(end) = UserStackEnd::from_u8(sample.user_end) {
+        recording.user_stack_ends.add(end, 1);
     }
     if recording.processes.observe(sample.pid, user)
         && let Some(tables) = tables
         && let Some(process) = recording.processes.get(sample.pid)
     {
-        tables.register(process, &mut recording.symbolizer);
+        tables.register(process);
     }
     let key = StackKey {
         pid: sample.pid,
         tid: sample.tid,
         thread: sample.comm,
         user: user.into(),
-        kernel: sample.kernel_stack[..kernel_len].into(),
+        kernel: sample.kernel_stack().into(),
     };
     *recording.stacks.entry(key).or_default() += 1;
 }

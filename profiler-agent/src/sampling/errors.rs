@@ -48,6 +48,12 @@ pub enum SamplingError {
     #[error("the embedded BPF object has no map {0} (a build problem: run `cargo xtask setup`)")]
     MissingMap(&'static str),
 
+    #[error("unwind tables: {0}")]
+    UnwindArray(#[from] crate::unwind::ArrayError),
+
+    #[error("starting the unwind-table thread: {0}")]
+    UnwindThread(std::io::Error),
+
     #[error(
         "the embedded BPF object has no program {0} (a build problem: run `cargo xtask setup`)"
     )]

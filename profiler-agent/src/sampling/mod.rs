@@ -14,7 +14,7 @@ pub use privileges::check_privileges;
 
 use std::time::Duration;
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
@@ -22,7 +22,7 @@ use profiler_common::{Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
 
 use self::reader::RecordReader;
 use crate::bpf_loading::raise_memlock_limit;
-use crate::unwind::UnwindTables;
+use crate::unwind::{MappedArray, TableStore, UnwindArrays, UnwindTables};
 
 /// Records waiting between the ring-buffer thread and the aggregation
 /// above this many bytes are dropped oldest first (see `reader`): at
@@ -39,10 +39,17 @@ pub struct SamplingConfig {
     pub frequency_hz: u64,
     /// Processes to sample; empty means every process on the machine.
     pub pids: Vec<u32>,
-    /// Load unwind tables (Go pcsp) to repair frame-pointer walks; false
-    /// walks frame pointers only, as perf and bpftrace do.
+    /// Load unwind tables (`.eh_frame` CFI, Go pcsp) to walk stacks
+    /// without frame pointers; false walks frame pointers only, as perf
+    /// and bpftrace do.
     pub unwind_tables: bool,
+    /// Bytes of kernel memory for unwind-table rows (4 bytes a row).
+    pub unwind_table_bytes: u64,
 }
+
+/// Default bound on unwind-table rows: 64 MiB holds 16 M rows, the tables
+/// of hundreds of typical objects (libc: 0.2 MiB; see BENCHMARKS.md).
+pub const DEFAULT_UNWIND_TABLE_BYTES: u64 = 64 << 20;
 
 /// Totals of the in-kernel counters, summed over CPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,6 +63,8 @@ pub struct KernelCounters {
     pub kernel_stack_failed: u64,
     pub user_stack_truncated: u64,
     pub frames_from_tables: u64,
+    pub frames_unsupported_cfi: u64,
+    pub signal_frames: u64,
 }
 
 /// Field by field: totals carried over sampler restarts.
@@ -72,6 +81,8 @@ impl std::ops::Add for KernelCounters {
             kernel_stack_failed: self.kernel_stack_failed + b.kernel_stack_failed,
             user_stack_truncated: self.user_stack_truncated + b.user_stack_truncated,
             frames_from_tables: self.frames_from_tables + b.frames_from_tables,
+            frames_unsupported_cfi: self.frames_unsupported_cfi + b.frames_unsupported_cfi,
+            signal_frames: self.signal_frames + b.signal_frames,
         }
     }
 }
@@ -88,6 +99,8 @@ impl KernelCounters {
             Counter::KernelStackFailed => &mut self.kernel_stack_failed,
             Counter::UserStackTruncated => &mut self.user_stack_truncated,
             Counter::FramesFromTables => &mut self.frames_from_tables,
+            Counter::FramesUnsupportedCfi => &mut self.frames_unsupported_cfi,
+            Counter::SignalFrames => &mut self.signal_frames,
         };
         *slot = value;
     }
@@ -113,7 +126,7 @@ impl Sampler {
     /// later.
     pub fn start(
         config: &SamplingConfig,
-        before_attach: impl FnOnce(&mut UnwindTables),
+        before_attach: impl FnOnce(&UnwindTables),
     ) -> Result<(Self, UnwindTables), SamplingError> {
         if config.frequency_hz == 0 {
             return Err(SamplingError::BadFrequency(config.frequency_hz));
@@ -127,8 +140,10 @@ impl Sampler {
         raise_memlock_limit();
 
         let filter: u8 = u8::from(!config.pids.is_empty());
+        let row_blocks = unwind_row_blocks(config);
         let mut ebpf = EbpfLoader::new()
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
+            .map_max_entries("UNWIND_ROWS", row_blocks)
             .load(BPF_OBJECT)
             .map_err(SamplingError::load)?;
 
@@ -145,18 +160,23 @@ impl Sampler {
             }
         }
 
-        let unwind_rows = Array::try_from(
-            ebpf.take_map("UNWIND_ROWS")
-                .ok_or(SamplingError::MissingMap("UNWIND_ROWS"))?,
-        )
-        .map_err(|e| SamplingError::Map("UNWIND_ROWS", e))?;
-        let unwind_processes = BpfHashMap::try_from(
-            ebpf.take_map("UNWIND_PROCESSES")
-                .ok_or(SamplingError::MissingMap("UNWIND_PROCESSES"))?,
-        )
-        .map_err(|e| SamplingError::Map("UNWIND_PROCESSES", e))?;
-        let mut tables = UnwindTables::new(unwind_rows, unwind_processes);
-        before_attach(&mut tables);
+        let arrays = UnwindArrays {
+            rows: MappedArray::take(&mut ebpf, "UNWIND_ROWS")?,
+            pages: MappedArray::take(&mut ebpf, "UNWIND_PAGES")?,
+            rules: MappedArray::take(&mut ebpf, "UNWIND_RULES")?,
+            mappings: MappedArray::take(&mut ebpf, "UNWIND_MAPPINGS")?,
+            processes: BpfHashMap::try_from(
+                ebpf.take_map("UNWIND_PROCESSES")
+                    .ok_or(SamplingError::MissingMap("UNWIND_PROCESSES"))?,
+            )
+            .map_err(|e| SamplingError::Map("UNWIND_PROCESSES", e))?,
+        };
+        let tables = UnwindTables::spawn(TableStore::new(
+            arrays,
+            profiler_common::unwind::MAX_UNWIND_PROCESSES,
+        ))
+        .map_err(SamplingError::UnwindThread)?;
+        before_attach(&tables);
 
         let program: &mut PerfEvent = ebpf
             .program_mut("sample_stack")
@@ -255,6 +275,16 @@ impl Sampler {
     }
 }
 
+/// Row blocks for the configured table memory (at least one block; none
+/// are needed when tables are off).
+fn unwind_row_blocks(config: &SamplingConfig) -> u32 {
+    let row_bytes = (profiler_common::unwind::UNWIND_ROWS_PER_BLOCK * 4) as u64;
+    if !config.unwind_tables {
+        return 1;
+    }
+    (config.unwind_table_bytes / row_bytes).clamp(1, u64::from(u32::MAX / 16)) as u32
+}
+
 fn zeroed_sample() -> Sample {
     // SAFETY: Sample is plain integers and arrays of integers (aya::Pod):
     // all-zero bytes are a valid value.
@@ -276,6 +306,8 @@ fn copy_record(record: &[u8], sample: &mut Sample) -> bool {
             record.len(),
         );
     }
-    Sample::record_len(sample.user_frames as usize) <= record.len()
-        && sample.kernel_frames as usize <= profiler_common::MAX_STACK_DEPTH
+    sample.kernel_frames as usize <= profiler_common::MAX_STACK_DEPTH
+        && sample.user_frames as usize <= profiler_common::MAX_USER_FRAMES
+        && Sample::record_len(sample.kernel_frames as usize + sample.user_frames as usize)
+            <= record.len()
 }

@@ -37,15 +37,9 @@ pub trait Resolver: Send + Sync {
     /// Frames for `address`, an ELF virtual address of the object,
     /// innermost first; `None` when this resolver does not know it.
     fn resolve(&self, address: u64) -> Option<Vec<Frame>>;
-
-    /// Stack-unwinding rows for the object's code, for formats that carry
-    /// unwind information (Go's pcsp tables).
-    fn unwind_rows(&self) -> Option<crate::unwind::TableRows> {
-        None
-    }
 }
 
-/// A shared resolver (the same Go table serves symbols and unwinding).
+/// A shared resolver (the object keeps the Go table for its own queries too).
 impl<T: Resolver + ?Sized> Resolver for std::sync::Arc<T> {
     fn kind(&self) -> &'static str {
         (**self).kind()
@@ -53,9 +47,5 @@ impl<T: Resolver + ?Sized> Resolver for std::sync::Arc<T> {
 
     fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
         (**self).resolve(address)
-    }
-
-    fn unwind_rows(&self) -> Option<crate::unwind::TableRows> {
-        (**self).unwind_rows()
     }
 }

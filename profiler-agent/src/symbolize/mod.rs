@@ -389,7 +389,7 @@ mod tests {
                     let _ = object.resolve(address);
                     let _ = object.offset_to_address(address);
                 }
-                let _ = object.unwind_rows();
+                let _ = crate::unwind::build::build_bytes(data);
             }
         }
     }

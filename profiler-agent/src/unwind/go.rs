@@ -1,17 +1,29 @@
-//! Unwind rows from Go's pcsp tables (amd64).
+//! Unwind rows from Go's pcsp tables (amd64 and arm64).
 //!
 //! Go's own traceback (runtime/traceback.go) finds a caller from the SP
-//! delta at a PC: CFA = SP + pcsp(pc) + 8, return address at CFA - 8. A
-//! function that has a frame saved the caller's BP just below the return
-//! address (cmd/internal/obj/x86/obj6.go inserts `PUSHQ BP` / the BP save
-//! for every function with a frame), so the caller's BP is at CFA - 16
-//! whenever the SP delta is non-zero; a frameless function leaves BP alone.
-//! This holds inside assembly that uses BP as a general register
+//! delta at a PC.
+//!
+//! amd64: CFA = SP + pcsp(pc) + 8, return address at CFA - 8. A function
+//! that has a frame saved the caller's BP just below the return address
+//! (cmd/internal/obj/x86/obj6.go inserts `PUSHQ BP` / the BP save for every
+//! function with a frame), so the caller's BP is at CFA - 16 whenever the
+//! SP delta is non-zero; a frameless function leaves BP alone. This holds
+//! inside assembly that uses BP as a general register
 //! (crypto/sha256.block): its prologue saved BP before clobbering it.
+//!
+//! arm64: a function with a frame stores LR at 0(SP) as it allocates the
+//! frame (`MOVD.W R30, -size(RSP)`, or `STP (R29, R30), -8(R20)` then
+//! `MOVD R20, RSP` for big frames) and the caller's FP at -8(SP)
+//! (cmd/internal/obj/arm64/obj7.go). So with SP delta d > 0: CFA = SP + d,
+//! return address at CFA - d, caller's FP at CFA - d - 8; with d = 0 the
+//! return address is still in LR.
 
-use profiler_common::{UNWIND_FRAME_POINTER, UNWIND_ROOT, UNWIND_STOP, UnwindRow};
+use profiler_common::unwind::{
+    RULE_CFA_SP, RULE_GO_CGOCALL, RULE_ROOT, RULE_SIGNAL, RULE_STOP, UnwindRule,
+};
 
-use super::TableRows;
+use super::cfi::Arch;
+use super::table::{ObjectTable, TableRow};
 
 /// What the unwinder needs of one Go function.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +34,7 @@ pub struct GoFunctionUnwind {
     /// `_func.flag` (Go 1.17+): TOPFRAME=1, SPWRITE=2, ASM=4.
     pub flag: u8,
     /// pcsp runs: [start, end) has SP delta `delta` (bytes below the CFA
-    /// minus the return address).
+    /// minus the return address on amd64).
     pub pcsp: Vec<(u64, u64, i32)>,
 }
 
@@ -42,19 +54,31 @@ const STACK_SWITCHERS: &[&str] = &[
     "runtime.morestack_noctxt",
     "runtime.gogo",
     "runtime.asmcgocall",
-    "runtime.asmcgocall_landingpad",
-    "runtime.cgocallback",
-    "runtime.sigreturn__sigaction",
-    "runtime.sigtramp",
 ];
 
-/// Rows for every function of a Go binary's pclntab, or None when the
-/// binary is not amd64 (arm64 keeps return addresses in LR until a frame
-/// saves them: its rules are not written yet).
-pub fn rows_for(symbols: &crate::symbolize::go::GoSymbols) -> Option<TableRows> {
-    if symbols.pc_quantum() != 1 || symbols.pointer_size() != 8 {
-        return None;
-    }
+/// Go's signal handlers, marked TOPFRAME so Go's own traceback stops in
+/// them, but ordinary frames for us: the kernel entered them with the
+/// restorer as return address, and the signal frame lies above them.
+const SIGNAL_HANDLERS: &[&str] = &["runtime.sigtramp", "runtime.cgoSigtramp"];
+
+/// The restorers Go installs as `sa_restorer` (amd64): the signal frame's
+/// trampoline (`runtime.sigreturn` before Go 1.20).
+const SIGNAL_RESTORERS: &[&str] = &["runtime.sigreturn__sigaction", "runtime.sigreturn"];
+
+/// `runtime.cgocallback` runs Go code called from C on the goroutine's
+/// stack, in a frame it built so that the goroutine's saved PC looks like
+/// its return address (runtime/asm_amd64.s): Go's traceback walks it as an
+/// ordinary frame, back to the Go code that called into C.
+const ORDINARY_DESPITE_SPWRITE: &[&str] = &["runtime.cgocallback"];
+
+/// Rows for every function of a Go binary's pclntab; None for an
+/// architecture whose rules are not written (32-bit).
+pub fn rows_for(symbols: &crate::symbolize::go::GoSymbols) -> Option<(ObjectTable, u64, u64)> {
+    let arch = match (symbols.pc_quantum(), symbols.pointer_size()) {
+        (1, 8) => Arch::X86_64,
+        (4, 8) => Arch::Aarch64,
+        _ => return None,
+    };
     let mut functions: Vec<GoFunctionUnwind> = symbols
         .functions()
         .map(|f| GoFunctionUnwind {
@@ -69,89 +93,121 @@ pub fn rows_for(symbols: &crate::symbolize::go::GoSymbols) -> Option<TableRows> 
         })
         .collect();
     functions.sort_by_key(|f| f.entry);
-    rows(&functions)
+    let start = functions.first()?.entry;
+    let end = functions.iter().map(|f| f.end).max()?;
+    Some((rows(&functions, arch), start, end))
 }
 
-/// Rows for all `functions` (sorted by entry), relative to the first
-/// entry. Gaps between functions (and after the last) walk frame pointers.
-pub fn rows(functions: &[GoFunctionUnwind]) -> Option<TableRows> {
-    let base = functions.first()?.entry;
-    let mut rows: Vec<UnwindRow> = Vec::new();
-    let push = |rows: &mut Vec<UnwindRow>, pc: u64, row: UnwindRow| {
-        let Ok(pc) = u32::try_from(pc - base) else {
-            return;
-        };
-        let row = UnwindRow { pc, ..row };
-        match rows.last_mut() {
-            // A later rule at the same pc replaces a gap marker.
-            Some(last) if last.pc == pc => *last = row,
-            Some(last) if last.pc > pc => {}
-            _ => rows.push(row),
-        }
-    };
+/// Where asmcgocall keeps the goroutine's stack depth and g on the system
+/// stack (`RULE_GO_CGOCALL`): Go 1.23 and later call C through
+/// `asmcgocall_landingpad` and keep them at 0(SP) and 8(SP); before, at
+/// 40(SP) and 48(SP) (runtime/asm_amd64.s of each version).
+fn cgocall_slots(functions: &[GoFunctionUnwind]) -> (i32, i16) {
+    if functions
+        .iter()
+        .any(|f| f.name == "runtime.asmcgocall_landingpad")
+    {
+        (0, 8)
+    } else {
+        (40, 48)
+    }
+}
+
+/// Rows for all `functions` (sorted by entry). Gaps between functions (and
+/// after the last) walk frame pointers.
+pub fn rows(functions: &[GoFunctionUnwind], arch: Arch) -> ObjectTable {
+    let mut rows: Vec<TableRow> = Vec::new();
+    let gap = UnwindRule::default();
+    let (depth_slot, g_slot) = cgocall_slots(functions);
     for function in functions {
-        if function.end <= function.entry || function.entry < base {
+        if function.end <= function.entry {
             continue;
         }
-        let is_root = function.flag & FUNC_FLAG_TOPFRAME != 0
-            || ROOT_FUNCTIONS.contains(&function.name.as_str());
-        let switches_stack = function.flag & FUNC_FLAG_SPWRITE != 0
-            || STACK_SWITCHERS.contains(&function.name.as_str());
-        if is_root || switches_stack {
-            let flags = if is_root {
-                UNWIND_STOP | UNWIND_ROOT
-            } else {
-                UNWIND_STOP
-            };
-            push(
-                &mut rows,
-                function.entry,
-                UnwindRow {
-                    flags,
-                    ..UnwindRow::default()
-                },
-            );
+        let name = function.name.as_str();
+        let is_root = (function.flag & FUNC_FLAG_TOPFRAME != 0 || ROOT_FUNCTIONS.contains(&name))
+            && !SIGNAL_HANDLERS.contains(&name);
+        let switches_stack = (function.flag & FUNC_FLAG_SPWRITE != 0
+            || STACK_SWITCHERS.contains(&name))
+            && !ORDINARY_DESPITE_SPWRITE.contains(&name);
+        let special = if is_root {
+            Some(UnwindRule {
+                kind: RULE_ROOT,
+                ..Default::default()
+            })
+        } else if arch == Arch::X86_64 && SIGNAL_RESTORERS.contains(&name) {
+            Some(UnwindRule {
+                kind: RULE_SIGNAL,
+                ..Default::default()
+            })
+        } else if arch == Arch::X86_64 && name == "runtime.asmcgocall" {
+            Some(UnwindRule {
+                kind: RULE_GO_CGOCALL,
+                cfa_offset: depth_slot,
+                param: g_slot,
+                ..Default::default()
+            })
+        } else if switches_stack {
+            Some(UnwindRule {
+                kind: RULE_STOP,
+                ..Default::default()
+            })
         } else if function.pcsp.is_empty() {
-            push(
-                &mut rows,
-                function.entry,
-                UnwindRow {
-                    flags: UNWIND_FRAME_POINTER,
-                    ..UnwindRow::default()
-                },
-            );
+            Some(gap)
         } else {
-            for &(start, end, delta) in &function.pcsp {
-                if end <= start || start < function.entry || delta < 0 {
-                    continue;
+            None
+        };
+        match special {
+            Some(rule) => rows.push(TableRow {
+                address: function.entry,
+                rule,
+            }),
+            None => {
+                for &(start, end, delta) in &function.pcsp {
+                    if end <= start || start < function.entry || delta < 0 {
+                        continue;
+                    }
+                    rows.push(TableRow {
+                        address: start,
+                        rule: pcsp_rule(delta, arch),
+                    });
                 }
-                push(
-                    &mut rows,
-                    start,
-                    UnwindRow {
-                        pc: 0,
-                        cfa_offset: delta + 8,
-                        fp_offset: if delta > 0 { -16 } else { 0 },
-                        flags: 0,
-                    },
-                );
             }
         }
-        push(
-            &mut rows,
-            function.end,
-            UnwindRow {
-                flags: UNWIND_FRAME_POINTER,
-                ..UnwindRow::default()
-            },
-        );
+        rows.push(TableRow {
+            address: function.end,
+            rule: gap,
+        });
     }
-    Some(TableRows { base, rows })
+    ObjectTable::from_sorted(rows)
+}
+
+/// The rule for SP delta `delta` (see the module comment).
+fn pcsp_rule(delta: i32, arch: Arch) -> UnwindRule {
+    match arch {
+        Arch::X86_64 => UnwindRule {
+            kind: RULE_CFA_SP,
+            cfa_offset: delta + 8,
+            ra_offset: -8,
+            fp_offset: if delta > 0 { -16 } else { 0 },
+            ..Default::default()
+        },
+        Arch::Aarch64 => {
+            let d = i16::try_from(delta).unwrap_or(i16::MAX - 8);
+            UnwindRule {
+                kind: RULE_CFA_SP,
+                cfa_offset: delta,
+                ra_offset: -d,
+                fp_offset: if delta > 0 { -d - 8 } else { 0 },
+                ..Default::default()
+            }
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profiler_common::unwind::RULE_FRAME_POINTER;
 
     fn function(
         name: &str,
@@ -169,114 +225,145 @@ mod tests {
         }
     }
 
+    fn kind(kind: u8) -> UnwindRule {
+        UnwindRule {
+            kind,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn pcsp_runs_become_cfa_rules() {
-        let table = rows(&[
-            function(
-                "runtime.goexit",
-                0x1000,
-                0x1010,
-                FUNC_FLAG_TOPFRAME,
-                &[(0x1000, 0x1010, 0)],
-            ),
-            // Prologue: 0 until the frame is set up, then 0x28, back to 0 at RET.
-            function(
+        let table = rows(
+            &[
+                function(
+                    "runtime.goexit",
+                    0x1000,
+                    0x1010,
+                    FUNC_FLAG_TOPFRAME,
+                    &[(0x1000, 0x1010, 0)],
+                ),
+                // Prologue: 0 until the frame is set up, then 0x28, back to 0 at RET.
+                function(
+                    "main.work",
+                    0x1020,
+                    0x1080,
+                    0,
+                    &[
+                        (0x1020, 0x1025, 0),
+                        (0x1025, 0x1078, 0x28),
+                        (0x1078, 0x1080, 0),
+                    ],
+                ),
+                function(
+                    "runtime.systemstack",
+                    0x1080,
+                    0x10a0,
+                    FUNC_FLAG_SPWRITE,
+                    &[],
+                ),
+                function(
+                    "runtime.sigtramp",
+                    0x10a0,
+                    0x10b0,
+                    FUNC_FLAG_TOPFRAME,
+                    &[(0x10a0, 0x10b0, 0x10)],
+                ),
+                function("runtime.sigreturn__sigaction", 0x10b0, 0x10c0, 0, &[]),
+                function("runtime.asmcgocall", 0x10c0, 0x10d0, FUNC_FLAG_SPWRITE, &[]),
+            ],
+            Arch::X86_64,
+        );
+        let at = |address| table.rule_at(address).unwrap();
+        assert_eq!(at(0x1000), kind(RULE_ROOT));
+        // Gap between goexit's end and main.work.
+        assert_eq!(at(0x1010), kind(RULE_FRAME_POINTER));
+        let sp = |cfa_offset, fp_offset| UnwindRule {
+            kind: RULE_CFA_SP,
+            cfa_offset,
+            fp_offset,
+            ra_offset: -8,
+            ..Default::default()
+        };
+        assert_eq!(at(0x1020), sp(8, 0));
+        assert_eq!(at(0x1025), sp(0x30, -16));
+        assert_eq!(at(0x1078), sp(8, 0));
+        // main.work ends where systemstack starts: the stop rule wins.
+        assert_eq!(at(0x1080), kind(RULE_STOP));
+        // The signal handler is a frame, not a root; its restorer is the
+        // signal frame.
+        assert_eq!(at(0x10a0), sp(0x18, -16));
+        assert_eq!(at(0x10b0), kind(RULE_SIGNAL));
+        // Go before 1.23: depth and g at 40(SP) and 48(SP).
+        assert_eq!(
+            at(0x10c0),
+            UnwindRule {
+                kind: RULE_GO_CGOCALL,
+                cfa_offset: 40,
+                param: 48,
+                ..Default::default()
+            }
+        );
+        assert_eq!(at(0x10d0), kind(RULE_FRAME_POINTER));
+        assert!(table.rows.windows(2).all(|w| w[0].address < w[1].address));
+    }
+
+    #[test]
+    fn arm64_keeps_the_return_address_in_lr_until_the_frame_exists() {
+        let table = rows(
+            &[function(
                 "main.work",
-                0x1020,
-                0x1080,
+                0x1000,
+                0x1040,
                 0,
                 &[
-                    (0x1020, 0x1025, 0),
-                    (0x1025, 0x1078, 0x28),
-                    (0x1078, 0x1080, 0),
+                    (0x1000, 0x1004, 0),
+                    (0x1004, 0x103c, 0x30),
+                    (0x103c, 0x1040, 0),
                 ],
-            ),
-            function(
-                "runtime.systemstack",
-                0x1080,
-                0x10a0,
-                FUNC_FLAG_SPWRITE,
-                &[],
-            ),
-        ])
-        .unwrap();
-        assert_eq!(table.base, 0x1000);
-        let rows = table.rows;
-        assert_eq!(
-            rows[0],
-            UnwindRow {
-                pc: 0,
-                cfa_offset: 0,
-                fp_offset: 0,
-                flags: UNWIND_STOP | UNWIND_ROOT
-            }
+            )],
+            Arch::Aarch64,
         );
-        // Gap between goexit's end and main.work.
+        let entry = table.rule_at(0x1000).unwrap();
         assert_eq!(
-            rows[1],
-            UnwindRow {
-                pc: 0x10,
-                flags: UNWIND_FRAME_POINTER,
-                ..Default::default()
-            }
+            (entry.cfa_offset, entry.ra_offset, entry.fp_offset),
+            (0, 0, 0)
         );
+        let body = table.rule_at(0x1010).unwrap();
         assert_eq!(
-            rows[2],
-            UnwindRow {
-                pc: 0x20,
-                cfa_offset: 8,
-                fp_offset: 0,
-                flags: 0
-            }
+            (body.kind, body.cfa_offset, body.ra_offset, body.fp_offset),
+            (RULE_CFA_SP, 0x30, -0x30, -0x38)
         );
-        assert_eq!(
-            rows[3],
-            UnwindRow {
-                pc: 0x25,
-                cfa_offset: 0x30,
-                fp_offset: -16,
-                flags: 0
-            }
-        );
-        assert_eq!(
-            rows[4],
-            UnwindRow {
-                pc: 0x78,
-                cfa_offset: 8,
-                fp_offset: 0,
-                flags: 0
-            }
-        );
-        // main.work ends where systemstack starts: the stop rule wins.
-        assert_eq!(
-            rows[5],
-            UnwindRow {
-                pc: 0x80,
-                flags: UNWIND_STOP,
-                ..Default::default()
-            }
-        );
-        assert_eq!(
-            rows[6],
-            UnwindRow {
-                pc: 0xa0,
-                flags: UNWIND_FRAME_POINTER,
-                ..Default::default()
-            }
-        );
-        assert!(rows.windows(2).all(|w| w[0].pc < w[1].pc));
     }
 
     #[test]
     fn roots_are_known_by_name_before_go_1_17() {
-        let table = rows(&[function(
-            "runtime.goexit",
-            0x2000,
-            0x2010,
-            0,
-            &[(0x2000, 0x2010, 0)],
-        )])
-        .unwrap();
-        assert_eq!(table.rows[0].flags, UNWIND_STOP | UNWIND_ROOT);
+        let table = rows(
+            &[function(
+                "runtime.goexit",
+                0x2000,
+                0x2010,
+                0,
+                &[(0x2000, 0x2010, 0)],
+            )],
+            Arch::X86_64,
+        );
+        assert_eq!(table.rule_at(0x2000), Some(kind(RULE_ROOT)));
+    }
+
+    #[test]
+    fn go_1_23_keeps_the_cgo_depth_at_the_stack_pointer() {
+        let table = rows(
+            &[
+                function("runtime.asmcgocall_landingpad", 0x3000, 0x3010, 0, &[]),
+                function("runtime.asmcgocall", 0x3010, 0x3040, FUNC_FLAG_SPWRITE, &[]),
+            ],
+            Arch::X86_64,
+        );
+        let rule = table.rule_at(0x3020).unwrap();
+        assert_eq!(
+            (rule.kind, rule.cfa_offset, rule.param),
+            (RULE_GO_CGOCALL, 0, 8)
+        );
     }
 }

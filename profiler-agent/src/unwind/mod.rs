@@ -1,24 +1,33 @@
-//! Turning the raw program counters of a sample into frames to symbolize.
+//! Unwinding: the tables the BPF walker follows, and which address each
+//! frame of a raw stack is looked up as.
 //!
-//! The BPF walker (profiler-ebpf/src/unwind.rs) follows frame pointers and,
-//! where this stage loaded a table for the code, table rows (`go` builds
-//! them from Go's pcsp tables; `.eh_frame` CFI is the next source, as rows
-//! of the same shape). This stage also decides which address each frame is
-//! looked up as.
+//! The BPF walker (profiler-ebpf/src/unwind.rs) is small and generic: for
+//! each frame it finds the row covering the PC and applies its rule, or
+//! follows the frame pointer where no table covers the code. All the
+//! knowledge is produced here, as rows: `cfi` turns `.eh_frame` /
+//! `.debug_frame` into rows (native code without frame pointers, PLT
+//! entries, signal trampolines, the outermost frames), `go` turns Go's
+//! pcsp tables into rows (and knows the runtime's stack switches), `build`
+//! combines them per object, `table` pages them, and `store` loads each
+//! object's table once per node into the BPF arrays (`arrays`), shared by
+//! every process that maps it, within a memory bound. `service` runs all of
+//! that on a thread of its own, off the sampling path.
 
+mod allocator;
 pub mod arch;
+mod arrays;
+pub mod build;
+pub mod cfi;
 pub mod go;
-mod tables;
+mod service;
+mod store;
+pub mod table;
 
-pub use tables::{UnwindOccupancy, UnwindTableStats, UnwindTables};
-
-/// An unwind table for one object: rows sorted by `pc`, each `pc` an
-/// offset from `base` (an ELF virtual address of the object).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TableRows {
-    pub base: u64,
-    pub rows: Vec<profiler_common::UnwindRow>,
-}
+pub use arrays::{ArrayError, MappedArray};
+pub use service::{UnwindTables, table_mappings};
+pub use store::{
+    TableMapping, TableObject, TableStore, UnwindArrays, UnwindOccupancy, UnwindTableStats,
+};
 
 /// One frame of a raw stack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -164,11 +164,6 @@ impl ElfObject {
         self.resolvers.push(resolver);
     }
 
-    /// Unwind rows from the first resolver that has them.
-    pub fn unwind_rows(&self) -> Option<crate::unwind::TableRows> {
-        self.resolvers.iter().find_map(|r| r.unwind_rows())
-    }
-
     /// Whether any resolver can name functions in this object.
     pub fn has_symbols(&self) -> bool {
         !self.resolvers.is_empty()

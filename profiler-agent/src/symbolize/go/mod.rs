@@ -455,8 +455,4 @@ impl Resolver for GoSymbols {
     fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
         self.frames(address)
     }
-
-    fn unwind_rows(&self) -> Option<crate::unwind::TableRows> {
-        crate::unwind::go::rows_for(self)
-    }
 }

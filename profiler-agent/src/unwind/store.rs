@@ -1,0 +1,602 @@
+//! The node's unwind tables in the BPF arrays, and which processes use them.
+//!
+//! An object's table is built once and loaded once per node, keyed by GNU
+//! build id where it has one (the same libc in every container shares one
+//! table), else by its (device, inode). A process is registered as the
+//! sorted list of its mappings with tables. The row memory has a bound
+//! (the row array's size, set from the agent's configuration); when a new
+//! table does not fit, the tables least recently sampled are evicted, and
+//! the processes that mapped them walk those objects by frame pointers.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use profiler_common::unwind::{
+    MAX_PROCESS_UNWIND_MAPPINGS, ProcessUnwind, UNWIND_PAGE_SHIFT, UnwindMapping, UnwindPage,
+    UnwindRow, UnwindRowBlock, UnwindRule,
+};
+
+use super::allocator::RangeAllocator;
+use super::arrays::MappedArray;
+use super::build::{self, BuiltTable, DebugSearch, NoTable};
+use super::table::{PagedTable, RuleSet};
+use crate::process::{ObjectFile, ObjectId};
+
+/// What backs a mapping that may have a table.
+#[derive(Debug, Clone)]
+pub enum TableObject {
+    File(Arc<ObjectFile>),
+    /// `[vdso]`: built from the agent's own vDSO image.
+    Vdso,
+}
+
+/// A mapping of a process, as registration needs it.
+#[derive(Debug, Clone)]
+pub struct TableMapping {
+    pub start: u64,
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    pub object: TableObject,
+}
+
+/// What loading tables did, for the run's report and `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UnwindTableStats {
+    /// Mapped objects (by device and inode) that got a table.
+    pub objects_with_tables: u64,
+    /// Distinct tables loaded (objects with one build id share one).
+    pub tables_loaded: u64,
+    pub rows_loaded: u64,
+    pub processes_registered: u64,
+    /// Objects without a table, by reason (they walk frame pointers).
+    pub objects_no_unwind_info: u64,
+    pub objects_unreadable: u64,
+    /// Tables that did not fit in the row memory even after eviction.
+    pub tables_dropped: u64,
+    /// Tables evicted to make room (least recently sampled first).
+    pub tables_evicted: u64,
+    pub map_errors: u64,
+    /// Rows returned to the free space (objects unmapped or evicted).
+    pub rows_freed: u64,
+    /// CFI rows the walker does not model (frame-pointer fallback).
+    pub cfi_unsupported_rows: u64,
+    /// FDEs that did not parse (their functions walk frame pointers).
+    pub cfi_bad_fdes: u64,
+    /// Rows whose rule did not fit in the rule array.
+    pub rules_full_rows: u64,
+    /// Time spent building tables (parsing CFI and pclntabs).
+    pub build_time: Duration,
+}
+
+/// How full the walker's arrays are, for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct UnwindOccupancy {
+    pub rows_used: u32,
+    pub rows_capacity: u32,
+    pub pages_used: u32,
+    pub rules_used: u32,
+    pub mappings_used: u32,
+    pub processes: u32,
+    pub processes_capacity: u32,
+    /// Bytes of kernel memory the four arrays hold (allocated up front).
+    pub bytes_capacity: u64,
+    /// Bytes of that in use by loaded tables.
+    pub bytes_used: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum TableKey {
+    BuildId(Vec<u8>),
+    Object(ObjectId),
+    Vdso,
+}
+
+/// A `PT_LOAD` segment, to turn a mapping's file offset into an address.
+#[derive(Debug, Clone, Copy)]
+struct Segment {
+    file_offset: u64,
+    file_size: u64,
+    address: u64,
+}
+
+#[derive(Debug)]
+struct LoadedTable {
+    first_row: u32,
+    row_count: u32,
+    first_page: u32,
+    page_count: u32,
+    /// ELF virtual address of page 0.
+    base: u64,
+    segments: Vec<Segment>,
+    /// Objects (by identity) using this table.
+    users: HashSet<ObjectId>,
+}
+
+impl LoadedTable {
+    fn address_of_offset(&self, offset: u64) -> Option<u64> {
+        self.segments.iter().find_map(|s| {
+            let within = offset.checked_sub(s.file_offset)?;
+            (within < s.file_size).then(|| s.address.wrapping_add(within))
+        })
+    }
+}
+
+#[derive(Debug)]
+enum ObjectState {
+    Table(TableKey),
+    /// No table; the reason was counted when first seen.
+    None,
+}
+
+#[derive(Debug)]
+struct RegisteredProcess {
+    first: u32,
+    entries: Vec<(UnwindMapping, TableKey)>,
+    /// Registration tick at which the process was last sampled.
+    last_sampled: u64,
+}
+
+/// The BPF arrays the walker reads.
+pub struct UnwindArrays {
+    pub rows: MappedArray<UnwindRowBlock>,
+    pub pages: MappedArray<UnwindPage>,
+    pub rules: MappedArray<UnwindRule>,
+    pub mappings: MappedArray<UnwindMapping>,
+    pub processes: BpfHashMap<MapData, u32, ProcessUnwind>,
+}
+
+pub struct TableStore {
+    arrays: UnwindArrays,
+    rule_set: RuleSet,
+    rules_written: usize,
+    row_space: RangeAllocator,
+    page_space: RangeAllocator,
+    mapping_space: RangeAllocator,
+    tables: HashMap<TableKey, LoadedTable>,
+    objects: HashMap<ObjectId, ObjectState>,
+    vdso: Option<ObjectState>,
+    processes: HashMap<u32, RegisteredProcess>,
+    processes_capacity: u32,
+    tick: u64,
+    pub stats: UnwindTableStats,
+}
+
+impl TableStore {
+    pub fn new(arrays: UnwindArrays, processes_capacity: u32) -> Self {
+        let rows = arrays.rows.len() as u32 * profiler_common::unwind::UNWIND_ROWS_PER_BLOCK;
+        let pages = arrays.pages.len() as u32;
+        let mappings = arrays.mappings.len() as u32;
+        let mut store = TableStore {
+            arrays,
+            rule_set: RuleSet::default(),
+            rules_written: 0,
+            row_space: RangeAllocator::new(rows),
+            page_space: RangeAllocator::new(pages),
+            mapping_space: RangeAllocator::new(mappings),
+            tables: HashMap::new(),
+            objects: HashMap::new(),
+            vdso: None,
+            processes: HashMap::new(),
+            processes_capacity,
+            tick: 1,
+            stats: UnwindTableStats::default(),
+        };
+        store.write_new_rules();
+        store
+    }
+
+    pub fn occupancy(&self) -> UnwindOccupancy {
+        let size = |len: usize, element: usize| (len * element) as u64;
+        let a = &self.arrays;
+        UnwindOccupancy {
+            rows_used: self.row_space.used(),
+            rows_capacity: self.row_space.capacity(),
+            pages_used: self.page_space.used(),
+            rules_used: self.rule_set.len() as u32,
+            mappings_used: self.mapping_space.used(),
+            processes: self.processes.len() as u32,
+            processes_capacity: self.processes_capacity,
+            bytes_capacity: size(a.rows.len(), size_of::<UnwindRowBlock>())
+                + size(a.pages.len(), size_of::<UnwindPage>())
+                + size(a.rules.len(), size_of::<UnwindRule>())
+                + size(a.mappings.len(), size_of::<UnwindMapping>()),
+            bytes_used: u64::from(self.row_space.used()) * size_of::<UnwindRow>() as u64
+                + u64::from(self.page_space.used()) * size_of::<UnwindPage>() as u64
+                + self.rule_set.len() as u64 * size_of::<UnwindRule>() as u64
+                + u64::from(self.mapping_space.used()) * size_of::<UnwindMapping>() as u64,
+        }
+    }
+
+    /// Marks processes as sampled now (eviction keeps their tables longest).
+    pub fn sampled(&mut self, pids: &[u32]) {
+        self.tick += 1;
+        for pid in pids {
+            if let Some(process) = self.processes.get_mut(pid) {
+                process.last_sampled = self.tick;
+            }
+        }
+    }
+
+    /// Loads the tables of `pid`'s mappings (building each object's once)
+    /// and registers the process with the walker, replacing what it had.
+    pub fn register(&mut self, pid: u32, mappings: &[TableMapping]) -> usize {
+        self.tick += 1;
+        let mut entries: Vec<(UnwindMapping, TableKey)> = Vec::new();
+        for mapping in mappings {
+            let Some(key) = self.table_for(&mapping.object) else {
+                continue;
+            };
+            if let Some(entry) = self.entry_for(mapping, &key) {
+                entries.push((entry, key));
+            }
+        }
+        entries.sort_by_key(|(e, _)| e.start);
+        entries.truncate(MAX_PROCESS_UNWIND_MAPPINGS as usize);
+        let count = entries.len();
+        self.install(pid, entries);
+        count
+    }
+
+    /// Stops using tables for `pid` (it exited).
+    pub fn unregister(&mut self, pid: u32) {
+        if let Some(old) = self.processes.remove(&pid) {
+            let _ = self.arrays.processes.remove(&pid);
+            self.mapping_space.free(old.first, old.entries.len() as u32);
+        }
+    }
+
+    /// Forgets the objects no live process maps any more (call after
+    /// unregistering the processes that exited), freeing tables no object
+    /// uses. Returns how many rows were freed.
+    pub fn retain_objects(&mut self, keep: &HashSet<ObjectId>) -> u64 {
+        let gone: Vec<ObjectId> = self
+            .objects
+            .keys()
+            .filter(|id| !keep.contains(id))
+            .copied()
+            .collect();
+        let mut freed = 0;
+        for id in gone {
+            if let Some(ObjectState::Table(key)) = self.objects.remove(&id)
+                && let Some(table) = self.tables.get_mut(&key)
+            {
+                table.users.remove(&id);
+                if table.users.is_empty() {
+                    freed += self.free_table(&key);
+                }
+            }
+        }
+        freed
+    }
+
+    /// The table key for `object`, building and loading its table on
+    /// first sight.
+    fn table_for(&mut self, object: &TableObject) -> Option<TableKey> {
+        match object {
+            TableObject::Vdso => {
+                if self.vdso.is_none() {
+                    let started = Instant::now();
+                    let built =
+                        build::vdso_image()
+                            .ok_or(NoTable::NoUnwindInfo)
+                            .and_then(|image| {
+                                let segments = segments_of(&image);
+                                build::build_vdso(&image).map(|b| (b, segments))
+                            });
+                    self.stats.build_time += started.elapsed();
+                    let state = match built {
+                        Ok((built, segments)) => self.load(TableKey::Vdso, &built, segments, None),
+                        Err(reason) => self.count_no_table(&reason),
+                    };
+                    self.vdso = Some(state);
+                }
+                match &self.vdso {
+                    Some(ObjectState::Table(key)) if self.tables.contains_key(key) => {
+                        Some(key.clone())
+                    }
+                    _ => None,
+                }
+            }
+            TableObject::File(file) => {
+                if !self.objects.contains_key(&file.id) {
+                    let state = self.build_object(file);
+                    self.objects.insert(file.id, state);
+                }
+                match self.objects.get(&file.id) {
+                    Some(ObjectState::Table(key)) if self.tables.contains_key(key) => {
+                        Some(key.clone())
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+
+    fn build_object(&mut self, file: &ObjectFile) -> ObjectState {
+        let handle = match &file.file {
+            Ok(handle) => handle,
+            Err(reason) => return self.count_no_table(&NoTable::Unreadable(reason.clone())),
+        };
+        // SAFETY: a read-only private mapping of a file we only read (see
+        // symbolize::map_file for the truncation caveat).
+        let map = match unsafe { memmap2::Mmap::map(handle) } {
+            Ok(map) => Arc::new(map),
+            Err(e) => return self.count_no_table(&NoTable::Unreadable(e.to_string())),
+        };
+        let started = Instant::now();
+        let built = build::build(
+            &map,
+            Some(DebugSearch {
+                root: &file.root,
+                path: &file.path,
+            }),
+        );
+        self.stats.build_time += started.elapsed();
+        let built = match built {
+            Ok(built) => built,
+            Err(reason) => {
+                tracing::debug!(path = %file.path.display(), %reason, "no unwind table");
+                return self.count_no_table(&reason);
+            }
+        };
+        let key = match &built.build_id {
+            Some(id) if !id.is_empty() => TableKey::BuildId(id.clone()),
+            _ => TableKey::Object(file.id),
+        };
+        if let Some(table) = self.tables.get_mut(&key) {
+            table.users.insert(file.id);
+            self.stats.objects_with_tables += 1;
+            return ObjectState::Table(key);
+        }
+        let segments = segments_of(&map);
+        self.load(key, &built, segments, Some(file.id))
+    }
+
+    fn count_no_table(&mut self, reason: &NoTable) -> ObjectState {
+        match reason {
+            NoTable::Unreadable(_) | NoTable::NotElf(_) | NoTable::Panicked => {
+                self.stats.objects_unreadable += 1
+            }
+            NoTable::NoUnwindInfo | NoTable::OtherArchitecture => {
+                self.stats.objects_no_unwind_info += 1
+            }
+        }
+        ObjectState::None
+    }
+
+    /// Writes `built` into the arrays, evicting older tables if needed.
+    fn load(
+        &mut self,
+        key: TableKey,
+        built: &BuiltTable,
+        segments: Vec<Segment>,
+        user: Option<ObjectId>,
+    ) -> ObjectState {
+        self.stats.cfi_unsupported_rows += built.cfi.unsupported_rows;
+        self.stats.cfi_bad_fdes += built.cfi.bad_fdes;
+        let Some(paged) = PagedTable::build(&built.table, &mut self.rule_set) else {
+            self.stats.tables_dropped += 1;
+            return ObjectState::None;
+        };
+        self.stats.rules_full_rows += paged.rules_full;
+        self.write_new_rules();
+        let (row_count, page_count) = (paged.rows.len() as u32, paged.pages.len() as u32);
+        let Some((first_row, first_page)) = self.allocate_table(row_count, page_count) else {
+            self.stats.tables_dropped += 1;
+            return ObjectState::None;
+        };
+        // Rows first, then the pages pointing at them: a walker never sees
+        // a page whose rows are not there yet.
+        let rows = self.arrays.rows.as_mut_slice();
+        // SAFETY: a block is UNWIND_ROWS_PER_BLOCK rows with no padding
+        // (repr(C), 4-byte rows), so the block array is a row array.
+        let rows: &mut [UnwindRow] = unsafe {
+            std::slice::from_raw_parts_mut(
+                rows.as_mut_ptr().cast::<UnwindRow>(),
+                rows.len() * profiler_common::unwind::UNWIND_ROWS_PER_BLOCK as usize,
+            )
+        };
+        rows[first_row as usize..(first_row + row_count) as usize].copy_from_slice(&paged.rows);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        let pages: Vec<UnwindPage> = paged
+            .pages
+            .iter()
+            .map(|p| UnwindPage {
+                first_row: if p.row_count == 0 {
+                    0
+                } else {
+                    p.first_row + first_row
+                },
+                row_count: p.row_count,
+            })
+            .collect();
+        self.arrays.pages.write(first_page as usize, &pages);
+        self.stats.tables_loaded += 1;
+        self.stats.rows_loaded += u64::from(row_count);
+        if user.is_some() {
+            self.stats.objects_with_tables += 1;
+        }
+        self.tables.insert(
+            key.clone(),
+            LoadedTable {
+                first_row,
+                row_count,
+                first_page,
+                page_count,
+                base: paged.base,
+                segments,
+                users: user.into_iter().collect(),
+            },
+        );
+        ObjectState::Table(key)
+    }
+
+    /// Space for a table's rows and pages, evicting the least recently
+    /// sampled tables until it fits (or nothing is left to evict).
+    fn allocate_table(&mut self, rows: u32, pages: u32) -> Option<(u32, u32)> {
+        if rows > self.row_space.capacity() || pages > self.page_space.capacity() {
+            return None;
+        }
+        loop {
+            if let Some(first_row) = self.row_space.allocate(rows) {
+                if let Some(first_page) = self.page_space.allocate(pages) {
+                    return Some((first_row, first_page));
+                }
+                self.row_space.free(first_row, rows);
+            }
+            let victim = self.least_recently_sampled()?;
+            self.evict(&victim);
+        }
+    }
+
+    fn least_recently_sampled(&self) -> Option<TableKey> {
+        let mut recency: HashMap<&TableKey, u64> = self.tables.keys().map(|k| (k, 0)).collect();
+        for process in self.processes.values() {
+            for (_, key) in &process.entries {
+                if let Some(r) = recency.get_mut(key) {
+                    *r = (*r).max(process.last_sampled);
+                }
+            }
+        }
+        recency
+            .into_iter()
+            .min_by_key(|(_, r)| *r)
+            .map(|(k, _)| k.clone())
+    }
+
+    /// Drops a table still in use: its processes walk that object by
+    /// frame pointers from now on.
+    fn evict(&mut self, key: &TableKey) {
+        self.stats.tables_evicted += 1;
+        let affected: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| p.entries.iter().any(|(_, k)| k == key))
+            .map(|(&pid, _)| pid)
+            .collect();
+        for pid in affected {
+            if let Some(process) = self.processes.get(&pid) {
+                let entries: Vec<_> = process
+                    .entries
+                    .iter()
+                    .filter(|(_, k)| k != key)
+                    .cloned()
+                    .collect();
+                self.install(pid, entries);
+            }
+        }
+        self.free_table(key);
+    }
+
+    fn free_table(&mut self, key: &TableKey) -> u64 {
+        let Some(table) = self.tables.remove(key) else {
+            return 0;
+        };
+        // Unused pages are emptied first so no walker follows them into
+        // rows another table gets next.
+        let empty = vec![UnwindPage::default(); table.page_count as usize];
+        self.arrays.pages.write(table.first_page as usize, &empty);
+        self.page_space.free(table.first_page, table.page_count);
+        self.row_space.free(table.first_row, table.row_count);
+        self.stats.rows_freed += u64::from(table.row_count);
+        u64::from(table.row_count)
+    }
+
+    /// The walker's entry for `mapping`, whose object has table `key`.
+    fn entry_for(&self, mapping: &TableMapping, key: &TableKey) -> Option<UnwindMapping> {
+        let table = self.tables.get(key)?;
+        let mapping_address = table.address_of_offset(mapping.offset)?;
+        let runtime = |v: u64| v.wrapping_sub(mapping_address).wrapping_add(mapping.start);
+        let base = runtime(table.base);
+        let table_end = runtime(table.base + (u64::from(table.page_count) << UNWIND_PAGE_SHIFT));
+        let start = mapping.start.max(base);
+        let end = mapping.end.min(table_end);
+        (start < end && base <= start).then_some(UnwindMapping {
+            start,
+            end,
+            base,
+            first_page: table.first_page,
+            page_count: table.page_count,
+        })
+    }
+
+    /// Writes a process's entries and points the walker at them.
+    fn install(&mut self, pid: u32, entries: Vec<(UnwindMapping, TableKey)>) {
+        let old = self.processes.remove(&pid);
+        let last_sampled = old.as_ref().map_or(self.tick, |p| p.last_sampled);
+        let count = entries.len() as u32;
+        let first = if count == 0 {
+            None
+        } else {
+            self.mapping_space.allocate(count)
+        };
+        match first {
+            Some(first) => {
+                let values: Vec<UnwindMapping> = entries.iter().map(|(e, _)| *e).collect();
+                self.arrays.mappings.write(first as usize, &values);
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+                let value = ProcessUnwind {
+                    first_mapping: first,
+                    mapping_count: count,
+                };
+                match self.arrays.processes.insert(pid, value, 0) {
+                    Ok(()) => {
+                        if old.is_none() {
+                            self.stats.processes_registered += 1;
+                        }
+                        self.processes.insert(
+                            pid,
+                            RegisteredProcess {
+                                first,
+                                entries,
+                                last_sampled,
+                            },
+                        );
+                    }
+                    Err(error) => {
+                        self.stats.map_errors += 1;
+                        tracing::debug!(pid, %error, "registering unwind tables");
+                        self.mapping_space.free(first, count);
+                        let _ = self.arrays.processes.remove(&pid);
+                    }
+                }
+            }
+            None => {
+                if count > 0 {
+                    self.stats.map_errors += 1;
+                }
+                let _ = self.arrays.processes.remove(&pid);
+            }
+        }
+        if let Some(old) = old {
+            self.mapping_space.free(old.first, old.entries.len() as u32);
+        }
+    }
+
+    fn write_new_rules(&mut self) {
+        let new = self.rule_set.since(self.rules_written).to_vec();
+        if self.arrays.rules.write(self.rules_written, &new) {
+            self.rules_written += new.len();
+        }
+    }
+}
+
+fn segments_of(data: &[u8]) -> Vec<Segment> {
+    use object::{Object, ObjectSegment};
+    let Ok(file) = object::File::parse(data) else {
+        return Vec::new();
+    };
+    file.segments()
+        .map(|segment| {
+            let (file_offset, file_size) = segment.file_range();
+            Segment {
+                file_offset,
+                file_size,
+                address: segment.address(),
+            }
+        })
+        .collect()
+}

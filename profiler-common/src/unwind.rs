@@ -1,0 +1,205 @@
+//! Unwind tables as the BPF stack walker reads them.
+//!
+//! User space turns what it knows about an object's code (Go's pcsp tables,
+//! `.eh_frame`/`.debug_frame` CFI) into *rows*: from an address on, one
+//! *rule* says how to find the caller's frame. The walker finds the row for
+//! a PC in four array lookups and no hash lookup:
+//!
+//! 1. the process's mapping (`UnwindMapping`): a binary search over the
+//!    process's sorted mappings (a per-pid hash lookup once per sample gives
+//!    their range);
+//! 2. the mapping's *page* (`UnwindPage`): the object's rows are indexed by
+//!    64 KiB page of its address space, so a search never spans more than
+//!    one page's rows;
+//! 3. the row (`UnwindRow`, 4 bytes): the last one in the page whose
+//!    `pc_low` is at or below the PC;
+//! 4. the rule (`UnwindRule`): rules are deduplicated node-wide (libc's
+//!    thousands of rows use a few hundred distinct rules), so a row only
+//!    names one.
+//!
+//! Rows, pages and rules of an object are loaded once per node and shared by
+//! every process that maps it.
+
+/// log2 of the bytes of object address space one page of rows covers.
+pub const UNWIND_PAGE_SHIFT: u32 = 16;
+
+/// Rows in one element of the row array. Array elements are rounded up to
+/// 8 bytes by the kernel; blocks of 4-byte rows keep that padding away.
+pub const UNWIND_ROWS_PER_BLOCK: u32 = 16;
+
+/// One row: from `pc_low` (an offset inside its page) up to the next row,
+/// the caller is found by rule `rule`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRow {
+    pub pc_low: u16,
+    pub rule: u16,
+}
+
+/// The element type of the row array.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindRowBlock {
+    pub rows: [UnwindRow; UNWIND_ROWS_PER_BLOCK as usize],
+}
+
+/// The rows of one 64 KiB page of an object: `row_count` rows from
+/// `first_row` on (row indices, not blocks). A page with rows always has one
+/// at `pc_low` 0 (carried over from the page before), so every PC of the
+/// page finds one. `row_count == 0`: no table here (walk frame pointers).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindPage {
+    pub first_row: u32,
+    pub row_count: u32,
+}
+
+/// How to find the caller's registers (pc, sp, fp) from a frame's.
+///
+/// The canonical frame address (CFA) is the caller's SP after the call
+/// returns. The return address is at `CFA + ra_offset` (x86_64: always
+/// -8), or still in the link register when `ra_offset == 0` (arm64 leaf
+/// code and prologues). The caller's frame pointer is at
+/// `CFA + fp_offset` (or `FP + fp_offset` with `RULE_FLAG_FP_FROM_FP`), or
+/// unchanged when `fp_offset == 0`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UnwindRule {
+    /// `RULE_*`.
+    pub kind: u8,
+    /// `RULE_FLAG_*`.
+    pub flags: u8,
+    pub fp_offset: i16,
+    pub ra_offset: i16,
+    /// `RULE_PLT`: the PC's offset in its 16-byte entry from which the CFA
+    /// is 8 bytes further (the entry's `jmp` pushed nothing, its `push` did).
+    pub param: i16,
+    pub cfa_offset: i32,
+    /// Keeps the size at 16 bytes, the array's element stride (the kernel
+    /// rounds array elements up to 8 bytes; user space writes them through
+    /// a mapping of the array).
+    pub reserved: u32,
+}
+
+/// No table rule for this code: walk the frame-pointer chain. Rule index 0
+/// is always this rule.
+pub const RULE_FRAME_POINTER: u8 = 0;
+/// CFA = SP + cfa_offset.
+pub const RULE_CFA_SP: u8 = 1;
+/// CFA = FP + cfa_offset.
+pub const RULE_CFA_FP: u8 = 2;
+/// CFA = *(FP + cfa_offset): a frame that realigned its stack and kept the
+/// CFA in a slot below its frame pointer (GCC's DRAP: `DW_CFA_def_cfa_expression:
+/// DW_OP_breg6 (rbp): -8; DW_OP_deref`).
+pub const RULE_CFA_DEREF_FP: u8 = 3;
+/// A PLT entry: CFA = SP + cfa_offset, plus 8 once the PC is `param` or more
+/// bytes into its 16-byte entry.
+pub const RULE_PLT: u8 = 4;
+/// A signal trampoline (x86_64 `__restore_rt`, arm64 `__kernel_rt_sigreturn`,
+/// Go's `runtime.sigreturn__sigaction`): the interrupted registers are in the
+/// `ucontext` of the signal frame at SP.
+pub const RULE_SIGNAL: u8 = 5;
+/// A frame the walker cannot pass (a stack switch it does not know).
+pub const RULE_STOP: u8 = 6;
+/// The outermost frame of a stack (`_start`, `clone`, Go's `runtime.goexit`).
+pub const RULE_ROOT: u8 = 7;
+/// Go's `runtime.asmcgocall` on amd64, as a caller: C code runs on the
+/// system stack, and the goroutine's SP is `g.stack.hi - depth`, with the
+/// depth at SP+0 and g at SP+8 (runtime/asm_amd64.s). g = 0: SP+0 holds
+/// the original SP itself.
+pub const RULE_GO_CGOCALL: u8 = 8;
+
+/// The caller's frame pointer cannot be recovered (saved in a register or
+/// by an expression): it becomes 0.
+pub const RULE_FLAG_FP_LOST: u8 = 1 << 0;
+/// `fp_offset` is relative to the frame pointer, not the CFA.
+pub const RULE_FLAG_FP_FROM_FP: u8 = 1 << 1;
+/// With `RULE_FRAME_POINTER`: the CFI had a rule the walker does not model
+/// (a CFA in another register or an expression); the frame pointer is the
+/// fallback, and the walker counts it.
+pub const RULE_FLAG_UNSUPPORTED: u8 = 1 << 2;
+
+/// A mapping of a process whose object has a table.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindMapping {
+    /// Runtime address range of the mapping.
+    pub start: u64,
+    pub end: u64,
+    /// Runtime address of the start of the table's page 0.
+    pub base: u64,
+    /// The object's pages in the page array.
+    pub first_page: u32,
+    pub page_count: u32,
+}
+
+/// Where one process's mappings are in the mapping array: sorted by start,
+/// disjoint.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessUnwind {
+    pub first_mapping: u32,
+    pub mapping_count: u32,
+}
+
+/// Default sizes of the unwinder's arrays. The agent sets the row array's
+/// size from its configured memory bound at load time.
+pub const DEFAULT_UNWIND_ROW_BLOCKS: u32 = 1 << 18;
+/// Pages of all tables (8 bytes each; 2^18 pages cover 16 GiB of code).
+pub const MAX_UNWIND_PAGES: u32 = 1 << 18;
+/// Distinct rules node-wide (rows name them with a u16).
+pub const MAX_UNWIND_RULES: u32 = 1 << 16;
+/// Mappings with tables of all processes together.
+pub const MAX_UNWIND_MAPPINGS: u32 = 1 << 16;
+/// Mappings with tables of one process (a binary search of at most 12 steps).
+pub const MAX_PROCESS_UNWIND_MAPPINGS: u32 = 4096;
+/// Processes with tables at once.
+pub const MAX_UNWIND_PROCESSES: u32 = 16384;
+
+/// How a user stack walk ended (`Sample::user_end`).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UserStackEnd {
+    /// No user stack (a kernel thread, or no user registers).
+    None = 0,
+    /// At the outermost frame: a table row said so (return address
+    /// undefined: `_start`, `clone3`, Go's `runtime.goexit`), or a return
+    /// address of 0.
+    Root = 1,
+    /// The frame-pointer chain ended in code no table covers: the stack
+    /// may be cut there (an object without a table).
+    NoTable = 2,
+    /// A table row said the frame cannot be passed (a stack switch), or
+    /// gave a frame that cannot be right (CFA below SP).
+    TableStop = 3,
+    /// Reading the user stack failed (paged out or not mapped).
+    ReadFault = 4,
+    /// `MAX_USER_FRAMES` reached.
+    Truncated = 5,
+}
+
+impl UserStackEnd {
+    pub const ALL: [UserStackEnd; 6] = [
+        UserStackEnd::None,
+        UserStackEnd::Root,
+        UserStackEnd::NoTable,
+        UserStackEnd::TableStop,
+        UserStackEnd::ReadFault,
+        UserStackEnd::Truncated,
+    ];
+
+    pub fn from_u8(value: u8) -> Option<Self> {
+        Self::ALL.get(value as usize).copied()
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            UserStackEnd::None => "none",
+            UserStackEnd::Root => "root",
+            UserStackEnd::NoTable => "no_table",
+            UserStackEnd::TableStop => "table_stop",
+            UserStackEnd::ReadFault => "read_fault",
+            UserStackEnd::Truncated => "truncated",
+        }
+    }
+}
