@@ -85,9 +85,15 @@ impl Sample {
 pub const SAMPLE_FLAG_IN_KERNEL: u16 = 1 << 0;
 /// `bpf_get_stack` failed for the kernel stack.
 pub const SAMPLE_FLAG_KERNEL_STACK_FAILED: u16 = 1 << 2;
+/// The leaf PC is in no mapping the agent registered for the process (code
+/// mapped since it last read the process's maps): the sample woke the
+/// agent at once.
+pub const SAMPLE_FLAG_UNKNOWN_MAPPING: u16 = 1 << 3;
 
 /// User-space registers an unwinder starts from. On x86_64 `fp` is RBP and
-/// `lr` is 0; on arm64 `fp` is X29 and `lr` is X30.
+/// `lr` is 0; on arm64 `fp` is X29 and `lr` is X30. `go_g` is the register
+/// Go code keeps its current goroutine in (R14, X28): a g only when the
+/// interrupted code was Go's, so it is checked before use.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct UserRegs {
@@ -95,6 +101,7 @@ pub struct UserRegs {
     pub sp: u64,
     pub fp: u64,
     pub lr: u64,
+    pub go_g: u64,
 }
 
 /// Indices into the per-CPU `COUNTERS` array: what happened to every

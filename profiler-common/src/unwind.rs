@@ -104,10 +104,23 @@ pub const RULE_STOP: u8 = 6;
 /// The outermost frame of a stack (`_start`, `clone`, Go's `runtime.goexit`).
 pub const RULE_ROOT: u8 = 7;
 /// Go's `runtime.asmcgocall` on amd64, as a caller: C code runs on the
-/// system stack, and the goroutine's SP is `g.stack.hi - depth`, with the
-/// depth at SP+0 and g at SP+8 (runtime/asm_amd64.s). g = 0: SP+0 holds
-/// the original SP itself.
+/// system stack, where asmcgocall keeps the goroutine's stack depth at
+/// SP + cfa_offset and its g at SP + param (runtime/asm_amd64.s: 0 and 8
+/// since Go 1.23, 40 and 48 before). The SP it saved is
+/// `g.stack.hi - depth` (g = 0: the depth slot holds that SP itself), and
+/// its return address is `ra_offset` bytes above that SP (8 when it pushed
+/// a frame pointer, saved at CFA + fp_offset).
 pub const RULE_GO_CGOCALL: u8 = 8;
+
+/// Go's `runtime.cgocallback` on the goroutine's stack, as a caller (Go code
+/// called from C): the frame Go built there returns into Go as if C had not
+/// run, but the C frames that called back are on the system stack, where
+/// cgocallback's own frame has the same size at `g0.sched.sp` (g.m at 48,
+/// m.g0 at 0, g.sched.sp at 56 in every Go version since 1.17). CFA =
+/// that SP + cfa_offset, as RULE_CFA_SP. Without a valid g (the g register
+/// at the sample, checked against the goroutine's stack bounds), the rule
+/// is RULE_CFA_SP on the goroutine's stack (Go's own traceback).
+pub const RULE_GO_CGOCALLBACK: u8 = 9;
 
 /// The caller's frame pointer cannot be recovered (saved in a register or
 /// by an expression): it becomes 0.
@@ -141,6 +154,13 @@ pub struct ProcessUnwind {
     pub first_mapping: u32,
     pub mapping_count: u32,
 }
+
+/// Set on a user frame whose address is exact, not a return address: the
+/// trampoline of a signal frame (the kernel made it the handler's return
+/// address; no call precedes it) and the PC the signal interrupted. User
+/// space looks such a frame up as is instead of one byte back. User
+/// addresses never reach bit 63.
+pub const FRAME_EXACT_PC: u64 = 1 << 63;
 
 /// Default sizes of the unwinder's arrays. The agent sets the row array's
 /// size from its configured memory bound at load time.

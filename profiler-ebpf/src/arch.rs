@@ -16,6 +16,8 @@ mod layout {
     pub const SP: usize = 19 * 8; // sp
     pub const FP: usize = 4 * 8; // bp
     pub const LR: Option<usize> = None;
+    /// r14: Go's g register (ABIInternal, Go 1.17+).
+    pub const GO_G: usize = 8;
     /// End of the user half of the address space (TASK_SIZE_MAX, 4-level).
     pub const USER_LIMIT: u64 = 0x0000_7fff_ffff_f000;
     /// No pointer authentication: return addresses are plain.
@@ -40,6 +42,8 @@ mod layout {
     pub const SP: usize = 31 * 8; // sp
     pub const FP: usize = 29 * 8; // x29
     pub const LR: Option<usize> = Some(30 * 8); // x30
+    /// x28: Go's g register.
+    pub const GO_G: usize = 28 * 8;
     /// End of the user half of the address space (52-bit VAs at most).
     pub const USER_LIMIT: u64 = 1 << 52;
     /// Pointer authentication signs return addresses in the bits above the
@@ -102,6 +106,7 @@ pub fn user_regs() -> UserRegs {
         pc: read_at(regs, layout::PC),
         sp: read_at(regs, layout::SP),
         fp: read_at(regs, layout::FP),
+        go_g: read_at(regs, layout::GO_G),
         lr: match layout::LR {
             Some(offset) => read_at(regs, offset),
             None => 0,

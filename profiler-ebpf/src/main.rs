@@ -23,7 +23,7 @@ use aya_ebpf::{
 };
 use profiler_common::{
     COUNTER_SLOTS, Counter, MAX_PID_FILTER, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
-    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, Sample,
+    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING, Sample,
 };
 
 /// Set by the loader: non-zero means "only pids in `PID_FILTER`". A
@@ -108,7 +108,11 @@ fn record_sample(ctx: &PerfEventContext) {
             flags |= SAMPLE_FLAG_IN_KERNEL;
         }
         let regs = arch::user_regs();
-        let (user_frames, user_end) = unwind::walk_user_stack(pid, &regs, sample, kernel_frames);
+        let walk = unwind::walk_user_stack(pid, &regs, sample, kernel_frames);
+        let (user_frames, user_end) = (walk.frames, walk.end);
+        if walk.unknown_leaf {
+            flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
+        }
 
         (*sample).time_ns = bpf_ktime_get_ns();
         (*sample).pid = pid;
@@ -125,7 +129,12 @@ fn record_sample(ctx: &PerfEventContext) {
         // Waking the reader for every sample costs an irq_work and a
         // context switch per sample; the agent drains on a timer instead,
         // and is woken early only when the buffer is a quarter full.
-        let wakeup = if SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > (RING_BUFFER_BYTES / 4) as u64 {
+        // A sample in code mapped since the agent last read the process's
+        // maps wakes it at once: until it reads them again and loads that
+        // code's table, the process's stacks there are cut.
+        let wakeup = if walk.unknown_leaf
+            || SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > (RING_BUFFER_BYTES / 4) as u64
+        {
             BPF_RB_FORCE_WAKEUP
         } else {
             BPF_RB_NO_WAKEUP

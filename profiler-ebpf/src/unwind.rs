@@ -18,11 +18,11 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use profiler_common::unwind::{
-    DEFAULT_UNWIND_ROW_BLOCKS, MAX_PROCESS_UNWIND_MAPPINGS, MAX_UNWIND_MAPPINGS, MAX_UNWIND_PAGES,
-    MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind, RULE_CFA_DEREF_FP, RULE_CFA_FP,
-    RULE_CFA_SP, RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_UNSUPPORTED,
-    RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_PLT, RULE_ROOT, RULE_SIGNAL, RULE_STOP,
-    UNWIND_PAGE_SHIFT, UNWIND_ROWS_PER_BLOCK, UnwindMapping, UnwindPage, UnwindRowBlock,
+    DEFAULT_UNWIND_ROW_BLOCKS, FRAME_EXACT_PC, MAX_PROCESS_UNWIND_MAPPINGS, MAX_UNWIND_MAPPINGS,
+    MAX_UNWIND_PAGES, MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind, RULE_CFA_DEREF_FP,
+    RULE_CFA_FP, RULE_CFA_SP, RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_UNSUPPORTED,
+    RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_PLT, RULE_ROOT, RULE_SIGNAL,
+    RULE_STOP, UNWIND_PAGE_SHIFT, UNWIND_ROWS_PER_BLOCK, UnwindMapping, UnwindPage, UnwindRowBlock,
     UnwindRule, UserStackEnd,
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
@@ -66,6 +66,8 @@ struct WalkState {
     /// The link register, while it still holds a return address (arm64:
     /// the leaf frame, and the frame a signal interrupted); else 0.
     lr: u64,
+    /// Go's g register at the sample (a g only if the leaf was Go code).
+    go_g: u64,
     /// The mapping the previous frame was in (most callers are in the same
     /// object as their callee): start == end when none.
     mapping: UnwindMapping,
@@ -79,6 +81,9 @@ struct WalkState {
     /// The next pc was interrupted (by a signal), not a return address:
     /// look it up as is, not one byte back.
     exact_pc: u32,
+    /// The leaf PC is in no mapping user space registered for this
+    /// process (code mapped since: dlopen, a JIT).
+    unknown_leaf: u32,
 }
 
 #[map]
@@ -91,22 +96,30 @@ struct StepContext {
     sample: *mut Sample,
 }
 
+/// How a walk went.
+pub struct Walk {
+    pub frames: u32,
+    pub end: UserStackEnd,
+    /// The leaf PC was in no mapping registered for the process: its maps
+    /// changed (see `SAMPLE_FLAG_UNKNOWN_MAPPING`).
+    pub unknown_leaf: bool,
+}
+
 /// Walks the current task's user stack into `sample.frames`, after the
-/// `kernel_frames` kernel frames already there. Returns the number of user
-/// frames and how the walk ended.
+/// `kernel_frames` kernel frames already there.
 #[inline(always)]
-pub fn walk_user_stack(
-    pid: u32,
-    regs: &UserRegs,
-    sample: *mut Sample,
-    kernel_frames: u32,
-) -> (u32, UserStackEnd) {
+pub fn walk_user_stack(pid: u32, regs: &UserRegs, sample: *mut Sample, kernel_frames: u32) -> Walk {
+    let nothing = Walk {
+        frames: 0,
+        end: UserStackEnd::None,
+        unknown_leaf: false,
+    };
     // A kernel thread has no user registers worth walking.
     if regs.pc == 0 || regs.pc >= arch::USER_LIMIT {
-        return (0, UserStackEnd::None);
+        return nothing;
     }
     let Some(state) = WALK.get_ptr_mut(0) else {
-        return (0, UserStackEnd::None);
+        return nothing;
     };
     // SAFETY: this CPU's walk state, used only by this program run.
     unsafe {
@@ -114,6 +127,7 @@ pub fn walk_user_stack(
         (*state).sp = regs.sp;
         (*state).fp = regs.fp;
         (*state).lr = arch::strip_pointer_auth(regs.lr);
+        (*state).go_g = regs.go_g;
         (*state).mapping.start = 0;
         (*state).mapping.end = 0;
         (*state).first_mapping = 0;
@@ -122,6 +136,7 @@ pub fn walk_user_stack(
         (*state).kernel_frames = kernel_frames;
         (*state).end = UserStackEnd::Truncated as u32;
         (*state).exact_pc = 0;
+        (*state).unknown_leaf = 0;
         if let Some(process) = UNWIND_PROCESSES.get(&pid) {
             (*state).first_mapping = process.first_mapping;
             (*state).mapping_count = process.mapping_count;
@@ -143,7 +158,11 @@ pub fn walk_user_stack(
         if end == UserStackEnd::Truncated {
             bump(Counter::UserStackTruncated);
         }
-        ((*state).frames, end)
+        Walk {
+            frames: (*state).frames,
+            end,
+            unknown_leaf: (*state).unknown_leaf != 0,
+        }
     }
 }
 
@@ -161,12 +180,20 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         (&mut *context.state, &mut *context.sample)
     };
     let n = state.frames;
-    let slot = (state.kernel_frames + n) as usize;
-    if n as usize >= MAX_USER_FRAMES || slot >= MAX_SAMPLE_FRAMES {
+    // 64-bit arithmetic and one bounds check on the very value used as the
+    // index: the verifier must see the write stay inside the sample.
+    let slot = state.kernel_frames as u64 + n as u64;
+    if n as usize >= MAX_USER_FRAMES || slot >= MAX_SAMPLE_FRAMES as u64 {
         return STOP; // end stays Truncated
     }
+    let slot = slot as usize;
+    let exact = if state.exact_pc != 0 {
+        FRAME_EXACT_PC
+    } else {
+        0
+    };
     if let Some(frame) = sample.frames.get_mut(slot) {
-        *frame = state.pc;
+        *frame = state.pc | exact;
     }
     state.frames = n + 1;
 
@@ -177,7 +204,10 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         state.pc - 1
     };
     state.exact_pc = 0;
-    let rule = find_rule(state, lookup);
+    let (rule, mapped) = find_rule(state, lookup);
+    if n == 0 && !mapped && state.mapping_count > 0 {
+        state.unknown_leaf = 1;
+    }
     let stepped = match rule.kind {
         RULE_FRAME_POINTER => {
             if rule.flags & RULE_FLAG_UNSUPPORTED != 0 {
@@ -189,15 +219,28 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
             bump(Counter::FramesFromTables);
             table_step(state, &rule, lookup)
         }
+        RULE_GO_CGOCALLBACK => {
+            bump(Counter::FramesFromTables);
+            if let Ok(Some(system_sp)) = system_stack_of(state) {
+                // Continue on the system stack, in cgocallback's frame
+                // there: the C code that called back is its caller.
+                state.sp = system_sp;
+            }
+            table_step(state, &rule, lookup)
+        }
         RULE_SIGNAL => {
             bump(Counter::SignalFrames);
+            // The trampoline was not called: its address is exact.
+            if let Some(frame) = sample.frames.get_mut(slot) {
+                *frame |= FRAME_EXACT_PC;
+            }
             signal_step(state)
         }
         // The rule is for the call inside asmcgocall: at its own leaf the
         // stacks have not been switched yet.
         RULE_GO_CGOCALL if n > 0 => {
             bump(Counter::FramesFromTables);
-            cgocall_step(state)
+            cgocall_step(state, &rule)
         }
         RULE_ROOT => Ok(Step::End(UserStackEnd::Root)),
         // RULE_STOP, and a kind this walker does not know.
@@ -273,6 +316,7 @@ fn frame_pointer_step(state: &mut WalkState) -> Result<Step, ()> {
 #[inline(always)]
 fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step, ()> {
     let offset = rule.cfa_offset as i64 as u64;
+    // RULE_CFA_SP, and RULE_GO_CGOCALLBACK on whichever stack SP is.
     let cfa = match rule.kind {
         RULE_CFA_FP => state.fp.wrapping_add(offset),
         RULE_CFA_DEREF_FP => read_user(state.fp.wrapping_add(offset))?,
@@ -349,34 +393,72 @@ fn signal_step(state: &mut WalkState) -> Result<Step, ()> {
 
 /// Caller of Go's asmcgocall (amd64) on the system stack: back onto the
 /// goroutine's stack, where asmcgocall's return address into
-/// runtime.cgocall is (see RULE_GO_CGOCALL).
+/// runtime.cgocall is (see RULE_GO_CGOCALL): the depth is at SP +
+/// cfa_offset, g at SP + param; the SP asmcgocall saved is `ra_offset`
+/// bytes below its return address, with the caller's FP at CFA +
+/// fp_offset when it pushed one.
 #[inline(always)]
-fn cgocall_step(state: &mut WalkState) -> Result<Step, ()> {
-    let saved = read_pair(state.sp)?;
-    let (depth, g) = (saved[0], saved[1]);
-    let goroutine_sp = if g == 0 {
+fn cgocall_step(state: &mut WalkState, rule: &UnwindRule) -> Result<Step, ()> {
+    let depth = read_user(state.sp.wrapping_add(rule.cfa_offset as i64 as u64))?;
+    let g = read_user(state.sp.wrapping_add(rule.param as i64 as u64))?;
+    let saved_sp = if g == 0 {
         depth
     } else {
         // g.stack.hi: the second word of g (g.stack is its first field in
         // every Go version).
         read_user(g + 8)?.wrapping_sub(depth)
     };
-    if goroutine_sp == 0 || goroutine_sp >= arch::USER_LIMIT {
+    let cfa = saved_sp.wrapping_add(rule.ra_offset as i64 as u64 + 8);
+    if saved_sp == 0 || cfa >= arch::USER_LIMIT {
         return Ok(Step::End(UserStackEnd::TableStop));
     }
-    let return_address = read_user(goroutine_sp)?;
-    state.sp = goroutine_sp + 8;
+    let return_address = read_user(cfa - 8)?;
+    if rule.fp_offset != 0 {
+        state.fp = read_user(cfa.wrapping_add(rule.fp_offset as i64 as u64))?;
+    }
+    state.sp = cfa;
     Ok(return_to(state, return_address))
 }
 
-/// The rule covering `pc`: from its process's tables, or the frame-pointer
-/// rule (all zero) where there is none.
+/// `g0.sched.sp` of the goroutine in the g register, if that register holds
+/// the g whose stack SP is on (see RULE_GO_CGOCALLBACK).
 #[inline(always)]
-fn find_rule(state: &mut WalkState, pc: u64) -> UnwindRule {
-    let none = UnwindRule::default();
-    if !(state.mapping.start <= pc && pc < state.mapping.end) && !find_mapping(state, pc) {
-        return none;
+fn system_stack_of(state: &WalkState) -> Result<Option<u64>, ()> {
+    let g = state.go_g;
+    if g == 0 || g >= arch::USER_LIMIT {
+        return Ok(None);
     }
+    let bounds = read_pair(g)?; // g.stack.lo, g.stack.hi
+    if !(bounds[0] <= state.sp && state.sp < bounds[1]) {
+        return Ok(None);
+    }
+    let m = read_user(g + 48)?;
+    if m == 0 || m >= arch::USER_LIMIT {
+        return Ok(None);
+    }
+    let g0 = read_user(m)?;
+    if g0 == 0 || g0 >= arch::USER_LIMIT {
+        return Ok(None);
+    }
+    let sp = read_user(g0 + 56)?;
+    Ok((sp != 0 && sp < arch::USER_LIMIT).then_some(sp))
+}
+
+/// The rule covering `pc`: from its process's tables, or the frame-pointer
+/// rule (all zero) where there is none; and whether `pc` is in a mapping
+/// user space registered (with or without a table).
+#[inline(always)]
+fn find_rule(state: &mut WalkState, pc: u64) -> (UnwindRule, bool) {
+    if !(state.mapping.start <= pc && pc < state.mapping.end) && !find_mapping(state, pc) {
+        return (UnwindRule::default(), false);
+    }
+    (rule_in_mapping(state, pc), true)
+}
+
+/// The rule for `pc` in the mapping cached in `state`.
+#[inline(always)]
+fn rule_in_mapping(state: &WalkState, pc: u64) -> UnwindRule {
+    let none = UnwindRule::default();
     let offset = pc.wrapping_sub(state.mapping.base);
     let page_index = offset >> UNWIND_PAGE_SHIFT;
     if page_index >= state.mapping.page_count as u64 {

@@ -1372,6 +1372,8 @@ fn unwind_rows_of_exited_go_processes_are_freed() {
         "1s",
         "--directory-path",
         "",
+        "--unwind-table-mib",
+        "8",
     ]);
     agent.wait_ready(port);
     let gauge = |name: &str| metric_value(&metrics(port), name).unwrap_or(-1.0);
@@ -1380,9 +1382,10 @@ fn unwind_rows_of_exited_go_processes_are_freed() {
         (rows > 0.0 && gauge("profiler_agent_bpf_unwind_processes") == 1.0).then_some(rows)
     });
     let rows = loaded.unwrap_or_else(|| panic!("no Go table loaded:\n{}", metrics(port)));
+    // 8 MiB of 4-byte rows, as configured.
     assert_eq!(
         gauge("profiler_agent_bpf_unwind_rows_capacity"),
-        f64::from(1u32 << 20)
+        f64::from(2u32 << 20)
     );
     drop(go);
     let freed = wait_for(Duration::from_secs(15), || {

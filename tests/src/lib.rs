@@ -12,6 +12,8 @@ use std::time::Duration;
 
 pub use profiler_agent::profile::pprof::proto;
 
+pub mod perf;
+
 /// The workspace root (this crate lives in `tests/`).
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -111,6 +113,10 @@ impl Running {
             .unwrap_or_else(|e| panic!("starting {}: {e}", program.display()));
         // Give it time to get past the loader and into its hot loop.
         std::thread::sleep(Duration::from_millis(200));
+        let mut child = child;
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{} {args:?} exited at once ({status})", program.display());
+        }
         Running { child }
     }
 

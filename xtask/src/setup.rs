@@ -37,7 +37,11 @@ const BPF_LINKER_BUILD_PACKAGES: &[&str] = &[
 /// addr2line), `go tool pprof` (golang-go), the arm64 cross linker.
 const TEST_PACKAGES: &[&str] = &[
     "gcc",
+    "g++",
     "binutils",
+    // perf record --call-graph dwarf: the ground truth for stacks of code
+    // without frame pointers.
+    "linux-perf",
     // libc's debug file: the DWARF resolver's unit tests compare it with
     // addr2line (a big, compressed, DWARF 5 file).
     "libc6-dbg",

@@ -114,7 +114,10 @@ pub struct ProcessTable {
 
 /// How often the maps of one process may be re-read when a sample has an
 /// address outside every known mapping (code loaded by dlopen, a JIT).
-const MAPS_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// Short, because until then the stacks in that code are cut (its unwind
+/// table loads after the re-read); a read costs well under a millisecond,
+/// so this bounds the cost at a few per second per process.
+const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 
 impl Default for ProcessTable {
     fn default() -> Self {
@@ -176,7 +179,10 @@ impl ProcessTable {
             Some(process) => {
                 process.captured
                     && process.maps_read_at.elapsed() >= MAPS_REFRESH_INTERVAL
-                    && user_pcs.iter().any(|&pc| process.mapping_for(pc).is_none())
+                    && user_pcs.iter().any(|&pc| {
+                        let pc = pc & !profiler_common::unwind::FRAME_EXACT_PC;
+                        process.mapping_for(pc).is_none()
+                    })
             }
         };
         if !refresh {

@@ -225,7 +225,7 @@ impl Symbolizer {
         let mapping = process.and_then(|p| p.mapping_for(pc));
         let result = match mapping {
             None => Symbolized::unresolved(format!("[unknown] {pc:#x}")),
-            Some(mapping) => self.in_mapping(mapping, lookup_pc),
+            Some(mapping) => self.in_mapping(mapping, pc, lookup_pc),
         };
         if result.resolved {
             self.stats.user_resolved += 1;
@@ -235,14 +235,26 @@ impl Symbolizer {
         result
     }
 
-    fn in_mapping(&mut self, mapping: &Mapping, lookup_pc: u64) -> Symbolized {
+    fn in_mapping(&mut self, mapping: &Mapping, pc: u64, lookup_pc: u64) -> Symbolized {
         let offset = mapping.file_offset(lookup_pc);
         let Some(object) = mapping.object.as_ref().and_then(|file| self.object(file)) else {
             return Symbolized::unresolved(format!("{}+{offset:#x}", mapping.name));
         };
-        let Some(address) = object.offset_to_address(offset) else {
+        let Some(mut address) = object.offset_to_address(offset) else {
             return Symbolized::unresolved(format!("{}+{offset:#x}", mapping.name));
         };
+        // Go presents some PCs that are function entries as return
+        // addresses (before Go 1.21, the goroutine's saved PC at a cgo
+        // call was `runtime.systemstack_switch` itself); like Go's own
+        // traceback, do not step back from a function's entry.
+        if lookup_pc != pc
+            && let Some(go) = object.go_symbols()
+            && let Some(entry) = object
+                .offset_to_address(mapping.file_offset(pc))
+                .filter(|&a| go.function(a).is_some_and(|f| f.entry() == a))
+        {
+            address = entry;
+        }
         match object.resolve(address) {
             Some(frames) if !frames.is_empty() => Symbolized {
                 frames,

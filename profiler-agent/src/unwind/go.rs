@@ -19,7 +19,8 @@
 //! return address is still in LR.
 
 use profiler_common::unwind::{
-    RULE_CFA_SP, RULE_GO_CGOCALL, RULE_ROOT, RULE_SIGNAL, RULE_STOP, UnwindRule,
+    RULE_CFA_SP, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_ROOT, RULE_SIGNAL, RULE_STOP,
+    UnwindRule,
 };
 
 use super::cfi::Arch;
@@ -40,13 +41,15 @@ pub struct GoFunctionUnwind {
 
 const FUNC_FLAG_TOPFRAME: u8 = 1;
 const FUNC_FLAG_SPWRITE: u8 = 2;
+const FUNC_FLAG_ASM: u8 = 4;
 
 /// Outermost frames of Go stacks (Go ≤ 1.16 has no TOPFRAME flag, so
 /// they are matched by name too).
 const ROOT_FUNCTIONS: &[&str] = &["runtime.goexit", "runtime.mstart", "runtime.rt0_go"];
 
 /// Functions that switch stacks: their SP is not their frame's (Go matches
-/// them by name as well, runtime/traceback.go).
+/// them by name as well, runtime/traceback.go). `runtime.systemstack` is
+/// passed by its frame pointer where it pushed one (see `rows`).
 const STACK_SWITCHERS: &[&str] = &[
     "runtime.systemstack",
     "runtime.mcall",
@@ -68,8 +71,10 @@ const SIGNAL_RESTORERS: &[&str] = &["runtime.sigreturn__sigaction", "runtime.sig
 /// `runtime.cgocallback` runs Go code called from C on the goroutine's
 /// stack, in a frame it built so that the goroutine's saved PC looks like
 /// its return address (runtime/asm_amd64.s): Go's traceback walks it as an
-/// ordinary frame, back to the Go code that called into C.
-const ORDINARY_DESPITE_SPWRITE: &[&str] = &["runtime.cgocallback"];
+/// ordinary frame, back to the Go code that called into C; we go back to
+/// the C code that called it where the g register allows
+/// (RULE_GO_CGOCALLBACK).
+const CGOCALLBACK: &str = "runtime.cgocallback";
 
 /// Rows for every function of a Go binary's pclntab; None for an
 /// architecture whose rules are not written (32-bit).
@@ -128,7 +133,18 @@ pub fn rows(functions: &[GoFunctionUnwind], arch: Arch) -> ObjectTable {
             && !SIGNAL_HANDLERS.contains(&name);
         let switches_stack = (function.flag & FUNC_FLAG_SPWRITE != 0
             || STACK_SWITCHERS.contains(&name))
-            && !ORDINARY_DESPITE_SPWRITE.contains(&name);
+            && name != CGOCALLBACK;
+        // Since Go 1.21 systemstack pushes a frame pointer before it
+        // switches to the system stack and keeps BP pointing at that frame
+        // record on the goroutine's stack (runtime/asm_amd64.s: "The
+        // original frame pointer is stored in BP, which is useful for stack
+        // unwinders"): the frame-pointer step from there is the goroutine's
+        // caller, as Go's own traceback finds it through curg.sched.
+        let pushed_frame = function.pcsp.iter().any(|&(_, _, d)| d == 8);
+        let by_frame_pointer = arch == Arch::X86_64
+            && name == "runtime.systemstack"
+            && function.flag & FUNC_FLAG_ASM != 0
+            && pushed_frame;
         let special = if is_root {
             Some(UnwindRule {
                 kind: RULE_ROOT,
@@ -139,13 +155,30 @@ pub fn rows(functions: &[GoFunctionUnwind], arch: Arch) -> ObjectTable {
                 kind: RULE_SIGNAL,
                 ..Default::default()
             })
-        } else if arch == Arch::X86_64 && name == "runtime.asmcgocall" {
+        } else if arch == Arch::X86_64
+            && name == "runtime.asmcgocall"
+            && function.flag & FUNC_FLAG_ASM != 0
+        {
+            // The assembly itself (its ABIInternal wrapper has the same
+            // name and is an ordinary Go function). Since Go 1.21 the
+            // assembler gives it a frame-pointer prologue (PUSHQ BP), so the
+            // SP it saves is 8 below its entry SP: its pcsp shows a run of
+            // exactly 8 then (1.19: none).
+            let prologue: i16 = if function.pcsp.iter().any(|&(_, _, d)| d == 8) {
+                8
+            } else {
+                0
+            };
             Some(UnwindRule {
                 kind: RULE_GO_CGOCALL,
                 cfa_offset: depth_slot,
                 param: g_slot,
+                ra_offset: prologue,
+                fp_offset: if prologue > 0 { -16 } else { 0 },
                 ..Default::default()
             })
+        } else if by_frame_pointer {
+            Some(gap)
         } else if switches_stack {
             Some(UnwindRule {
                 kind: RULE_STOP,
@@ -166,8 +199,26 @@ pub fn rows(functions: &[GoFunctionUnwind], arch: Arch) -> ObjectTable {
                     if end <= start || start < function.entry || delta < 0 {
                         continue;
                     }
+                    let mut rule = pcsp_rule(delta, arch);
+                    if name == CGOCALLBACK && arch == Arch::X86_64 {
+                        rule.kind = RULE_GO_CGOCALLBACK;
+                    }
                     rows.push(TableRow {
                         address: start,
+                        rule,
+                    });
+                }
+                // Before Go 1.21, asmcgocall saved `systemstack_switch`'s
+                // entry itself as the goroutine's PC, which cgocallback then
+                // presents as a return address: looked up one byte back it
+                // falls in the function before (runtime.mcall, a stop). Go's
+                // traceback does not step back at a function entry; the
+                // byte before is alignment padding, so give it this rule.
+                if name == "runtime.systemstack_switch"
+                    && let Some(&(_, _, delta)) = function.pcsp.first()
+                {
+                    rows.push(TableRow {
+                        address: function.entry - 1,
                         rule: pcsp_rule(delta, arch),
                     });
                 }
@@ -178,6 +229,9 @@ pub fn rows(functions: &[GoFunctionUnwind], arch: Arch) -> ObjectTable {
             rule: gap,
         });
     }
+    // Stable: at one address, a later row (a function's first rule)
+    // replaces an earlier one (the previous function's end).
+    rows.sort_by_key(|r| r.address);
     ObjectTable::from_sorted(rows)
 }
 
@@ -270,7 +324,13 @@ mod tests {
                     &[(0x10a0, 0x10b0, 0x10)],
                 ),
                 function("runtime.sigreturn__sigaction", 0x10b0, 0x10c0, 0, &[]),
-                function("runtime.asmcgocall", 0x10c0, 0x10d0, FUNC_FLAG_SPWRITE, &[]),
+                function(
+                    "runtime.asmcgocall",
+                    0x10c0,
+                    0x10d0,
+                    FUNC_FLAG_SPWRITE | FUNC_FLAG_ASM,
+                    &[(0x10c0, 0x10c8, 0), (0x10c8, 0x10d0, 64)],
+                ),
             ],
             Arch::X86_64,
         );
@@ -294,7 +354,8 @@ mod tests {
         // signal frame.
         assert_eq!(at(0x10a0), sp(0x18, -16));
         assert_eq!(at(0x10b0), kind(RULE_SIGNAL));
-        // Go before 1.23: depth and g at 40(SP) and 48(SP).
+        // Go before 1.23: depth and g at 40(SP) and 48(SP); Go 1.19 has
+        // no frame-pointer prologue.
         assert_eq!(
             at(0x10c0),
             UnwindRule {

@@ -41,17 +41,40 @@ pub struct RawFrame {
     pub lookup_pc: u64,
 }
 
-/// Frames of a leaf-first stack of PCs, as `bpf_get_stack` returns them.
+/// Frames of a leaf-first stack of PCs, as the BPF walker (or
+/// `bpf_get_stack`) wrote them: callers are return addresses, except those
+/// the walker marked exact (`FRAME_EXACT_PC`: signal trampolines and the
+/// PCs signals interrupted).
 pub fn frames(pcs: &[u64]) -> impl Iterator<Item = RawFrame> + '_ {
-    pcs.iter().enumerate().map(|(depth, &pc)| RawFrame {
-        pc,
-        lookup_pc: if depth == 0 { pc } else { arch::call_site(pc) },
+    use profiler_common::unwind::FRAME_EXACT_PC;
+    pcs.iter().enumerate().map(|(depth, &raw)| {
+        let pc = raw & !FRAME_EXACT_PC;
+        let exact = depth == 0 || raw & FRAME_EXACT_PC != 0;
+        RawFrame {
+            pc,
+            lookup_pc: if exact { pc } else { arch::call_site(pc) },
+        }
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exact_frames_are_looked_up_as_they_are() {
+        use profiler_common::unwind::FRAME_EXACT_PC;
+        let frames: Vec<_> = frames(&[
+            0x1000,
+            0x2005 | FRAME_EXACT_PC,
+            0x3010 | FRAME_EXACT_PC,
+            0x4000,
+        ])
+        .collect();
+        assert_eq!((frames[1].pc, frames[1].lookup_pc), (0x2005, 0x2005));
+        assert_eq!((frames[2].pc, frames[2].lookup_pc), (0x3010, 0x3010));
+        assert!(frames[3].lookup_pc < 0x4000);
+    }
 
     #[test]
     fn callers_are_looked_up_inside_the_call() {

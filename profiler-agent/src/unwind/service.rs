@@ -116,7 +116,9 @@ pub fn table_mappings(process: &Process) -> Vec<TableMapping> {
             let object = match (&m.object, m.name.as_str()) {
                 (Some(file), _) => super::store::TableObject::File(file.clone()),
                 (None, "[vdso]") => super::store::TableObject::Vdso,
-                _ => return None,
+                // [vsyscall] lies outside the user address space.
+                (None, "[vsyscall]") => return None,
+                (None, _) => super::store::TableObject::Anonymous,
             };
             Some(TableMapping {
                 start: m.start,

@@ -30,6 +30,10 @@ pub enum TableObject {
     File(Arc<ObjectFile>),
     /// `[vdso]`: built from the agent's own vDSO image.
     Vdso,
+    /// Code with no file (JIT output): registered without a table, so the
+    /// walker knows the mapping (and does not take it for one mapped since
+    /// the agent read the process's maps).
+    Anonymous,
 }
 
 /// A mapping of a process, as registration needs it.
@@ -134,7 +138,9 @@ enum ObjectState {
 #[derive(Debug)]
 struct RegisteredProcess {
     first: u32,
-    entries: Vec<(UnwindMapping, TableKey)>,
+    /// The walker's entries, with the table each uses (None: a mapping
+    /// without a table, walked by frame pointers).
+    entries: Vec<(UnwindMapping, Option<TableKey>)>,
     /// Registration tick at which the process was last sampled.
     last_sampled: u64,
 }
@@ -224,13 +230,22 @@ impl TableStore {
     /// and registers the process with the walker, replacing what it had.
     pub fn register(&mut self, pid: u32, mappings: &[TableMapping]) -> usize {
         self.tick += 1;
-        let mut entries: Vec<(UnwindMapping, TableKey)> = Vec::new();
+        let mut entries: Vec<(UnwindMapping, Option<TableKey>)> = Vec::new();
         for mapping in mappings {
-            let Some(key) = self.table_for(&mapping.object) else {
-                continue;
-            };
-            if let Some(entry) = self.entry_for(mapping, &key) {
-                entries.push((entry, key));
+            let key = self.table_for(&mapping.object);
+            let entry = key.as_ref().and_then(|key| self.entry_for(mapping, key));
+            match entry {
+                Some(entry) => entries.push((entry, key)),
+                None => entries.push((
+                    UnwindMapping {
+                        start: mapping.start,
+                        end: mapping.end,
+                        base: mapping.start,
+                        first_page: 0,
+                        page_count: 0,
+                    },
+                    None,
+                )),
             }
         }
         entries.sort_by_key(|(e, _)| e.start);
@@ -259,6 +274,14 @@ impl TableStore {
             .copied()
             .collect();
         let mut freed = 0;
+        // The vDSO's table goes with the last process that had it.
+        let vdso_used = self
+            .processes
+            .values()
+            .any(|p| p.entries.iter().any(|(_, k)| *k == Some(TableKey::Vdso)));
+        if !vdso_used && self.vdso.take().is_some() {
+            freed += self.free_table(&TableKey::Vdso);
+        }
         for id in gone {
             if let Some(ObjectState::Table(key)) = self.objects.remove(&id)
                 && let Some(table) = self.tables.get_mut(&key)
@@ -276,6 +299,7 @@ impl TableStore {
     /// first sight.
     fn table_for(&mut self, object: &TableObject) -> Option<TableKey> {
         match object {
+            TableObject::Anonymous => None,
             TableObject::Vdso => {
                 if self.vdso.is_none() {
                     let started = Instant::now();
@@ -456,7 +480,7 @@ impl TableStore {
         let mut recency: HashMap<&TableKey, u64> = self.tables.keys().map(|k| (k, 0)).collect();
         for process in self.processes.values() {
             for (_, key) in &process.entries {
-                if let Some(r) = recency.get_mut(key) {
+                if let Some(r) = key.as_ref().and_then(|key| recency.get_mut(key)) {
                     *r = (*r).max(process.last_sampled);
                 }
             }
@@ -474,16 +498,28 @@ impl TableStore {
         let affected: Vec<u32> = self
             .processes
             .iter()
-            .filter(|(_, p)| p.entries.iter().any(|(_, k)| k == key))
+            .filter(|(_, p)| p.entries.iter().any(|(_, k)| k.as_ref() == Some(key)))
             .map(|(&pid, _)| pid)
             .collect();
         for pid in affected {
             if let Some(process) = self.processes.get(&pid) {
+                // The mapping stays known, without a table.
                 let entries: Vec<_> = process
                     .entries
                     .iter()
-                    .filter(|(_, k)| k != key)
-                    .cloned()
+                    .map(|(e, k)| {
+                        if k.as_ref() == Some(key) {
+                            let bare = UnwindMapping {
+                                base: e.start,
+                                first_page: 0,
+                                page_count: 0,
+                                ..*e
+                            };
+                            (bare, None)
+                        } else {
+                            (*e, k.clone())
+                        }
+                    })
                     .collect();
                 self.install(pid, entries);
             }
@@ -524,7 +560,7 @@ impl TableStore {
     }
 
     /// Writes a process's entries and points the walker at them.
-    fn install(&mut self, pid: u32, entries: Vec<(UnwindMapping, TableKey)>) {
+    fn install(&mut self, pid: u32, entries: Vec<(UnwindMapping, Option<TableKey>)>) {
         let old = self.processes.remove(&pid);
         let last_sampled = old.as_ref().map_or(self.tick, |p| p.last_sampled);
         let count = entries.len() as u32;
