@@ -69,16 +69,17 @@ pub struct UnwindRule {
     pub kind: u8,
     /// `RULE_FLAG_*`.
     pub flags: u8,
-    pub fp_offset: i16,
-    pub ra_offset: i16,
     /// `RULE_PLT`: the PC's offset in its 16-byte entry from which the CFA
     /// is 8 bytes further (the entry's `jmp` pushed nothing, its `push` did).
+    /// `RULE_GO_CGOCALL`: where g is kept.
     pub param: i16,
+    /// 32-bit offsets: big frames save registers tens of KiB below the CFA
+    /// (arm64 glibc has `c-33392`). 16 bytes in all, which is also the
+    /// array's element stride (the kernel rounds array elements up to 8
+    /// bytes; user space writes them through a mapping of the array).
+    pub fp_offset: i32,
+    pub ra_offset: i32,
     pub cfa_offset: i32,
-    /// Keeps the size at 16 bytes, the array's element stride (the kernel
-    /// rounds array elements up to 8 bytes; user space writes them through
-    /// a mapping of the array).
-    pub reserved: u32,
 }
 
 /// No table rule for this code: walk the frame-pointer chain. Rule index 0

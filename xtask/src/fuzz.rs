@@ -12,7 +12,13 @@ use anyhow::{Context, bail};
 use super::shell::{output, run};
 use super::workspace_root;
 
-const TARGETS: &[&str] = &["elf_object", "go_pclntab", "usdt_notes", "text_parsers"];
+const TARGETS: &[&str] = &[
+    "elf_object",
+    "go_pclntab",
+    "usdt_notes",
+    "text_parsers",
+    "cfi_rows",
+];
 
 pub fn fuzz(args: &[String]) -> anyhow::Result<()> {
     let mut seconds = 60u64;
@@ -94,6 +100,31 @@ fn seed_corpus(fuzz_dir: &Path) -> anyhow::Result<()> {
         .arg(root.join("tests/fixtures/c/inlined.c")))?;
     std::fs::copy(&c, dir("elf_object")?.join("inlined-debug"))?;
     std::fs::copy(&c, dir("usdt_notes")?.join("no-notes"))?;
+
+    // Call-frame information: the fixture's .eh_frame, and the start of
+    // libc's (libFuzzer's -max_len keeps inputs small).
+    for (name, object) in [
+        ("fixture-eh_frame", c.clone()),
+        (
+            "libc-eh_frame",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
+        ),
+    ] {
+        let out = scratch.join(name);
+        let copied = Command::new("objcopy")
+            .args(["-O", "binary", "--only-section=.eh_frame"])
+            .arg(&object)
+            .arg(&out)
+            .status()
+            .is_ok_and(|s| s.success());
+        if copied {
+            let bytes = std::fs::read(&out)?;
+            std::fs::write(
+                dir("cfi_rows")?.join(name),
+                &bytes[..bytes.len().min(16_384)],
+            )?;
+        }
+    }
 
     // A USDT fixture, if the headers are installed (cargo xtask setup --tests).
     let usdt = scratch.join("usdt");

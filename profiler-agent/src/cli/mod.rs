@@ -6,6 +6,7 @@ mod probes;
 mod record;
 mod run;
 mod symbolize;
+mod tables;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -40,6 +41,9 @@ enum Command {
     /// Print the functions, files and lines of addresses, inlined frames
     /// included: the profiler's own symbolizer, for checking a frame.
     Symbolize(symbolize::SymbolizeArgs),
+    /// The unwind tables the profiler builds for binaries (.eh_frame CFI,
+    /// Go pclntab): their size, and the rule at an address.
+    Tables(tables::TablesArgs),
     /// USDT probes: list those of a binary or of a running process.
     Probes(probes::ProbesArgs),
     /// Latency histograms in the kernel between two probes (USDT or
@@ -110,6 +114,7 @@ pub fn main() -> ExitCode {
         Some(Command::Probes(args)) => probes::run(&args),
         Some(Command::Latency(args)) => latency::run(&args),
         Some(Command::Symbolize(args)) => symbolize::run(&args),
+        Some(Command::Tables(args)) => tables::run(&args),
         Some(Command::Run(args)) => run::run(&args),
         None => record::run(&cli.record),
     };

@@ -44,7 +44,7 @@ pub enum OutputFormat {
     Json,
 }
 
-fn parse_address(text: &str) -> Result<u64, String> {
+pub(super) fn parse_address(text: &str) -> Result<u64, String> {
     let hex = text
         .strip_prefix("0x")
         .or_else(|| text.strip_prefix("0X"))

@@ -95,7 +95,7 @@ pub fn build_profile_of<'a>(
     for (key, &count) in stacks {
         let process = processes.get(key.pid);
         let mut locations = Vec::with_capacity(key.kernel.len() + key.user.len());
-        for frame in unwind::frames(&key.kernel) {
+        for frame in unwind::kernel_frames(&key.kernel) {
             locations.push(kernel_location(&mut builder, symbolizer, frame));
         }
         for frame in unwind::frames(&key.user) {

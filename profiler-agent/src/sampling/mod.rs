@@ -165,11 +165,13 @@ impl Sampler {
             pages: MappedArray::take(&mut ebpf, "UNWIND_PAGES")?,
             rules: MappedArray::take(&mut ebpf, "UNWIND_RULES")?,
             mappings: MappedArray::take(&mut ebpf, "UNWIND_MAPPINGS")?,
-            processes: BpfHashMap::try_from(
-                ebpf.take_map("UNWIND_PROCESSES")
-                    .ok_or(SamplingError::MissingMap("UNWIND_PROCESSES"))?,
-            )
-            .map_err(|e| SamplingError::Map("UNWIND_PROCESSES", e))?,
+            processes: Box::new(
+                BpfHashMap::<_, u32, profiler_common::unwind::ProcessUnwind>::try_from(
+                    ebpf.take_map("UNWIND_PROCESSES")
+                        .ok_or(SamplingError::MissingMap("UNWIND_PROCESSES"))?,
+                )
+                .map_err(|e| SamplingError::Map("UNWIND_PROCESSES", e))?,
+            ),
         };
         let tables = UnwindTables::spawn(TableStore::new(
             arrays,

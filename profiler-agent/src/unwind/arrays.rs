@@ -12,8 +12,9 @@ use aya::maps::{Map, MapData};
 /// `#[repr(C)]` type whose size is a multiple of 8: the kernel lays array
 /// elements out at a stride of their size rounded up to 8.
 pub struct MappedArray<T> {
-    /// Keeps the map (and so the mapping's backing memory) alive.
-    _map: MapData,
+    /// Keeps the map (and so the mapping's backing memory) alive; None for
+    /// an array in this process's own memory (tests, table measurements).
+    _map: Option<MapData>,
     memory: memmap2::MmapMut,
     len: usize,
     _element: std::marker::PhantomData<T>,
@@ -75,7 +76,21 @@ impl<T: Copy + aya::Pod> MappedArray<T> {
         }
         .map_err(|e| ArrayError::Mmap(name, e))?;
         Ok(MappedArray {
-            _map: map,
+            _map: Some(map),
+            memory,
+            len,
+            _element: std::marker::PhantomData,
+        })
+    }
+
+    /// An array of `len` zeroed elements in this process's memory, laid out
+    /// as the kernel's: the table store without a kernel (tests, and
+    /// measuring the tables of objects).
+    pub fn anonymous(len: usize) -> std::io::Result<Self> {
+        let bytes = (len * std::mem::size_of::<T>()).max(1);
+        let memory = memmap2::MmapOptions::new().len(bytes).map_anon()?;
+        Ok(MappedArray {
+            _map: None,
             memory,
             len,
             _element: std::marker::PhantomData,

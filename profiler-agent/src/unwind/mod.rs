@@ -41,10 +41,18 @@ pub struct RawFrame {
     pub lookup_pc: u64,
 }
 
-/// Frames of a leaf-first stack of PCs, as the BPF walker (or
-/// `bpf_get_stack`) wrote them: callers are return addresses, except those
-/// the walker marked exact (`FRAME_EXACT_PC`: signal trampolines and the
-/// PCs signals interrupted).
+/// Frames of a leaf-first kernel stack, as `bpf_get_stack` wrote it:
+/// callers are return addresses.
+pub fn kernel_frames(pcs: &[u64]) -> impl Iterator<Item = RawFrame> + '_ {
+    pcs.iter().enumerate().map(|(depth, &pc)| RawFrame {
+        pc,
+        lookup_pc: if depth == 0 { pc } else { arch::call_site(pc) },
+    })
+}
+
+/// Frames of a leaf-first user stack, as the BPF walker wrote it: callers
+/// are return addresses, except those the walker marked exact
+/// (`FRAME_EXACT_PC`: signal trampolines and the PCs signals interrupted).
 pub fn frames(pcs: &[u64]) -> impl Iterator<Item = RawFrame> + '_ {
     use profiler_common::unwind::FRAME_EXACT_PC;
     pcs.iter().enumerate().map(|(depth, &raw)| {
@@ -74,6 +82,15 @@ mod tests {
         assert_eq!((frames[1].pc, frames[1].lookup_pc), (0x2005, 0x2005));
         assert_eq!((frames[2].pc, frames[2].lookup_pc), (0x3010, 0x3010));
         assert!(frames[3].lookup_pc < 0x4000);
+    }
+
+    #[test]
+    fn kernel_addresses_keep_their_high_bits() {
+        let frames: Vec<_> =
+            kernel_frames(&[0xffff_ffff_8100_0010, 0xffff_ffff_8100_2000]).collect();
+        assert_eq!(frames[0].pc, 0xffff_ffff_8100_0010);
+        assert_eq!(frames[1].pc, 0xffff_ffff_8100_2000);
+        assert_eq!(frames[1].lookup_pc, arch::call_site(0xffff_ffff_8100_2000));
     }
 
     #[test]

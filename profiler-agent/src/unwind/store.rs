@@ -151,7 +151,49 @@ pub struct UnwindArrays {
     pub pages: MappedArray<UnwindPage>,
     pub rules: MappedArray<UnwindRule>,
     pub mappings: MappedArray<UnwindMapping>,
-    pub processes: BpfHashMap<MapData, u32, ProcessUnwind>,
+    pub processes: Box<dyn ProcessSlots>,
+}
+
+impl UnwindArrays {
+    /// Arrays in this process's memory, with room for `rows` rows (tests,
+    /// and measuring tables without loading them into a kernel).
+    pub fn in_memory(rows: u32) -> std::io::Result<Self> {
+        use profiler_common::unwind::{
+            MAX_UNWIND_MAPPINGS, MAX_UNWIND_PAGES, MAX_UNWIND_RULES, UNWIND_ROWS_PER_BLOCK,
+        };
+        Ok(UnwindArrays {
+            rows: MappedArray::anonymous(rows.div_ceil(UNWIND_ROWS_PER_BLOCK) as usize)?,
+            pages: MappedArray::anonymous(MAX_UNWIND_PAGES as usize)?,
+            rules: MappedArray::anonymous(MAX_UNWIND_RULES as usize)?,
+            mappings: MappedArray::anonymous(MAX_UNWIND_MAPPINGS as usize)?,
+            processes: Box::new(HashMap::<u32, ProcessUnwind>::new()),
+        })
+    }
+}
+
+/// The per-process map of the walker: pid -> where its mappings are.
+pub trait ProcessSlots: Send {
+    fn set(&mut self, pid: u32, value: ProcessUnwind) -> Result<(), String>;
+    fn clear(&mut self, pid: u32);
+}
+
+impl ProcessSlots for BpfHashMap<MapData, u32, ProcessUnwind> {
+    fn set(&mut self, pid: u32, value: ProcessUnwind) -> Result<(), String> {
+        self.insert(pid, value, 0).map_err(|e| e.to_string())
+    }
+    fn clear(&mut self, pid: u32) {
+        let _ = self.remove(&pid);
+    }
+}
+
+impl ProcessSlots for HashMap<u32, ProcessUnwind> {
+    fn set(&mut self, pid: u32, value: ProcessUnwind) -> Result<(), String> {
+        self.insert(pid, value);
+        Ok(())
+    }
+    fn clear(&mut self, pid: u32) {
+        self.remove(&pid);
+    }
 }
 
 pub struct TableStore {
@@ -258,7 +300,7 @@ impl TableStore {
     /// Stops using tables for `pid` (it exited).
     pub fn unregister(&mut self, pid: u32) {
         if let Some(old) = self.processes.remove(&pid) {
-            let _ = self.arrays.processes.remove(&pid);
+            self.arrays.processes.clear(pid);
             self.mapping_space.free(old.first, old.entries.len() as u32);
         }
     }
@@ -578,7 +620,7 @@ impl TableStore {
                     first_mapping: first,
                     mapping_count: count,
                 };
-                match self.arrays.processes.insert(pid, value, 0) {
+                match self.arrays.processes.set(pid, value) {
                     Ok(()) => {
                         if old.is_none() {
                             self.stats.processes_registered += 1;
@@ -596,7 +638,7 @@ impl TableStore {
                         self.stats.map_errors += 1;
                         tracing::debug!(pid, %error, "registering unwind tables");
                         self.mapping_space.free(first, count);
-                        let _ = self.arrays.processes.remove(&pid);
+                        self.arrays.processes.clear(pid);
                     }
                 }
             }
@@ -604,7 +646,7 @@ impl TableStore {
                 if count > 0 {
                     self.stats.map_errors += 1;
                 }
-                let _ = self.arrays.processes.remove(&pid);
+                self.arrays.processes.clear(pid);
             }
         }
         if let Some(old) = old {
@@ -635,4 +677,172 @@ fn segments_of(data: &[u8]) -> Vec<Segment> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiler_common::unwind::UNWIND_ROWS_PER_BLOCK;
+
+    const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+
+    fn object(path: &str, inode: u64) -> Arc<ObjectFile> {
+        let mut file = ObjectFile::open_path(std::path::Path::new(path)).unwrap();
+        if inode != 0 {
+            file.id.inode = inode;
+        }
+        Arc::new(file)
+    }
+
+    /// A mapping of `object`'s first executable segment at `start`.
+    fn mapping(object: &Arc<ObjectFile>, start: u64) -> TableMapping {
+        use object::{Object, ObjectSegment, SegmentFlags};
+        let data = std::fs::read(&object.path).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let text = file
+            .segments()
+            .find(|s| matches!(s.flags(), SegmentFlags::Elf { p_flags } if p_flags & 1 != 0))
+            .unwrap();
+        let (offset, size) = text.file_range();
+        TableMapping {
+            start,
+            end: start + size,
+            offset,
+            object: TableObject::File(object.clone()),
+        }
+    }
+
+    fn store(rows: u32) -> TableStore {
+        TableStore::new(UnwindArrays::in_memory(rows).unwrap(), 64)
+    }
+
+    /// The rule for `pc` found the way the BPF walker finds it, through the
+    /// arrays as written.
+    fn walker_rule(store: &mut TableStore, entries: &[UnwindMapping], pc: u64) -> UnwindRule {
+        let Some(m) = entries.iter().find(|m| m.start <= pc && pc < m.end) else {
+            return UnwindRule::default();
+        };
+        let offset = pc - m.base;
+        let page = offset >> UNWIND_PAGE_SHIFT;
+        if page >= u64::from(m.page_count) {
+            return UnwindRule::default();
+        }
+        let page = store.arrays.pages.as_mut_slice()[(m.first_page + page as u32) as usize];
+        if page.row_count == 0 {
+            return UnwindRule::default();
+        }
+        let blocks = store.arrays.rows.as_mut_slice();
+        let row = |i: u32| {
+            blocks[(i / UNWIND_ROWS_PER_BLOCK) as usize].rows[(i % UNWIND_ROWS_PER_BLOCK) as usize]
+        };
+        let low = (offset & 0xffff) as u16;
+        let mut chosen = row(page.first_row);
+        for i in page.first_row..page.first_row + page.row_count {
+            if row(i).pc_low <= low {
+                chosen = row(i);
+            }
+        }
+        store.arrays.rules.as_mut_slice()[chosen.rule as usize]
+    }
+
+    #[test]
+    fn the_walker_finds_the_rules_of_the_built_table() {
+        let libc = object(LIBC, 0);
+        let mut store = store(1 << 20);
+        let map = mapping(
+            &libc,
+            0x7f00_0000_0000 + (mapping(&libc, 0).offset & !0xfff),
+        );
+        assert_eq!(store.register(42, std::slice::from_ref(&map)), 1);
+        let process = &store.processes[&42];
+        let entries: Vec<UnwindMapping> = process.entries.iter().map(|(e, _)| *e).collect();
+        assert!(entries[0].page_count > 0);
+        let table = super::build::build_bytes(&std::fs::read(LIBC).unwrap())
+            .unwrap()
+            .table;
+        // Runtime address of ELF address v: the segment's offset maps to
+        // the mapping's start.
+        let vaddr_of_start = {
+            use object::{Object, ObjectSegment};
+            let data = std::fs::read(LIBC).unwrap();
+            let file = object::File::parse(&*data).unwrap();
+            file.segments()
+                .find_map(|s| {
+                    let (o, size) = s.file_range();
+                    (o <= map.offset && map.offset < o + size).then(|| s.address() + map.offset - o)
+                })
+                .unwrap()
+        };
+        let mut checked = 0;
+        for row in table.rows.iter().step_by(37) {
+            for delta in [0, 1] {
+                let v = row.address + delta;
+                if v < vaddr_of_start || v - vaddr_of_start >= map.end - map.start {
+                    continue;
+                }
+                let pc = map.start + (v - vaddr_of_start);
+                assert_eq!(
+                    walker_rule(&mut store, &entries, pc),
+                    table.rule_at(v).unwrap(),
+                    "at {v:#x}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 500, "only {checked} addresses checked");
+    }
+
+    #[test]
+    fn one_table_per_build_id() {
+        let mut store = store(1 << 20);
+        // The same library seen as two files (two containers' copies).
+        let a = object(LIBC, 1001);
+        let b = object(LIBC, 1002);
+        store.register(1, &[mapping(&a, 0x10_0000_0000)]);
+        store.register(2, &[mapping(&b, 0x20_0000_0000)]);
+        assert_eq!(store.stats.tables_loaded, 1);
+        assert_eq!(store.stats.objects_with_tables, 2);
+        let rows = store.occupancy().rows_used;
+        // Forgetting one copy keeps the table; forgetting both frees it.
+        store.unregister(1);
+        store.retain_objects(&HashSet::from([b.id]));
+        assert_eq!(store.occupancy().rows_used, rows);
+        store.unregister(2);
+        store.retain_objects(&HashSet::new());
+        assert_eq!(store.occupancy().rows_used, 0);
+        assert_eq!(store.occupancy().mappings_used, 0);
+    }
+
+    #[test]
+    fn the_least_recently_sampled_table_is_evicted_when_memory_is_full() {
+        const LIBSTDCXX: &str = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6";
+        const LIBGCC: &str = "/usr/lib/x86_64-linux-gnu/libgcc_s.so.1";
+        let rows_of = |path: &str| {
+            let table = super::build::build_bytes(&std::fs::read(path).unwrap())
+                .unwrap()
+                .table;
+            PagedTable::build(&table, &mut RuleSet::default())
+                .unwrap()
+                .rows
+                .len() as u32
+        };
+        let (libc_rows, libstdcxx_rows, libgcc_rows) =
+            (rows_of(LIBC), rows_of(LIBSTDCXX), rows_of(LIBGCC));
+        assert!(libgcc_rows < libc_rows);
+        // Room for libc's and libstdc++'s tables, not for a third.
+        let capacity = libc_rows + libstdcxx_rows + 64;
+        let mut store = store(capacity);
+        store.register(1, &[mapping(&object(LIBC, 0), 0x10_0000_0000)]);
+        store.register(2, &[mapping(&object(LIBSTDCXX, 0), 0x20_0000_0000)]);
+        store.sampled(&[1]);
+        store.sampled(&[2]); // libstdc++ sampled last
+        store.register(3, &[mapping(&object(LIBGCC, 0), 0x30_0000_0000)]);
+        assert_eq!(store.stats.tables_evicted, 1, "{:?}", store.stats);
+        assert_eq!(store.stats.tables_dropped, 0);
+        // Process 1 still knows its mapping, without a table now; 2 and 3
+        // have theirs.
+        let without = |pid: u32| store.processes[&pid].entries[0].0.page_count == 0;
+        assert!(without(1) && !without(2) && !without(3));
+        assert!(store.occupancy().rows_used <= capacity);
+    }
 }

@@ -207,7 +207,7 @@ pub fn encoding(env: &Env, plan: &Plan) -> anyhow::Result<EncodingRow> {
     {
         let load = load()?;
         let log = env.out.join("encode-agent.log");
-        let running = start_agent(env, hz, &pprof, &log, Some(load.pid()))?;
+        let running = start_agent(env, hz, &pprof, &log, Some(load.pid()), &[])?;
         std::thread::sleep(window);
         let stop_at = Instant::now();
         let stopped = running.stop()?;

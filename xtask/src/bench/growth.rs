@@ -34,7 +34,7 @@ fn measure(
 ) -> anyhow::Result<(WindowCost, u64, AgentReport, u64)> {
     let output = env.out.join(format!("growth-{name}.folded"));
     let log = env.out.join(format!("growth-{name}.log"));
-    let running = start_agent(env, hz, &output, &log, None)?;
+    let running = start_agent(env, hz, &output, &log, None, &[])?;
     let start = running.snapshot()?;
     std::thread::sleep(window);
     let end = running.snapshot()?;

@@ -14,6 +14,7 @@ mod profilers;
 mod report;
 mod stats;
 mod tools;
+mod unwinding;
 mod workloads;
 
 use std::path::PathBuf;
@@ -162,6 +163,9 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     );
     results.continuous = continuous::run(&env, &plan);
     errors.append(&mut results.continuous.errors);
+    let (unwinding, mut unwinding_errors) = unwinding::run(&env, &plan);
+    results.unwinding = unwinding;
+    errors.append(&mut unwinding_errors);
     results.load_after = load_average();
     results.elapsed = started.elapsed();
     results.errors = errors;

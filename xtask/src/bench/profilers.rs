@@ -23,15 +23,18 @@ const SETTLE: Duration = Duration::from_millis(500);
 pub enum Tool {
     None,
     Agent,
+    /// The agent walking frame pointers only (no unwind tables).
+    AgentFramePointers,
     Perf,
     Bpftrace,
     Bcc,
 }
 
 impl Tool {
-    pub const ALL: [Tool; 5] = [
+    pub const ALL: [Tool; 6] = [
         Tool::None,
         Tool::Agent,
+        Tool::AgentFramePointers,
         Tool::Perf,
         Tool::Bpftrace,
         Tool::Bcc,
@@ -41,6 +44,7 @@ impl Tool {
         match self {
             Tool::None => "no profiler",
             Tool::Agent => "profiler-agent",
+            Tool::AgentFramePointers => "profiler-agent --frame-pointers-only",
             Tool::Perf => "perf record",
             Tool::Bpftrace => "bpftrace",
             Tool::Bcc => "bcc profile",
@@ -52,6 +56,9 @@ impl Tool {
         match self {
             Tool::None => "-".into(),
             Tool::Agent => format!("profiler-agent -F {hz} --duration 30m --output agent.pb.gz"),
+            Tool::AgentFramePointers => format!(
+                "profiler-agent -F {hz} --frame-pointers-only --duration 30m --output agent.pb.gz"
+            ),
             Tool::Perf => format!("perf record -F {hz} -g -a -o perf.data"),
             Tool::Bpftrace => format!("bpftrace -e '{}'", bpftrace_program(hz)),
             Tool::Bcc => format!("profile-bpfcc -F {hz} -f"),
@@ -59,7 +66,10 @@ impl Tool {
     }
 
     pub fn loads_bpf(self) -> bool {
-        matches!(self, Tool::Agent | Tool::Bpftrace | Tool::Bcc)
+        matches!(
+            self,
+            Tool::Agent | Tool::AgentFramePointers | Tool::Bpftrace | Tool::Bcc
+        )
     }
 
     /// Starts the tool system-wide at `hz` and waits until it samples.
@@ -88,7 +98,11 @@ impl Tool {
             }
             Tool::Agent => {
                 let output = env.out.join(format!("agent-{label}.pb.gz"));
-                return start_agent(env, hz, &output, &log, pid);
+                return start_agent(env, hz, &output, &log, pid, &[]);
+            }
+            Tool::AgentFramePointers => {
+                let output = env.out.join(format!("agent-fp-{label}.pb.gz"));
+                return start_agent(env, hz, &output, &log, pid, &["--frame-pointers-only"]);
             }
             Tool::Perf => {
                 let output = env.out.join(format!("perf-{label}.data"));
@@ -142,6 +156,7 @@ impl Tool {
         match self {
             Tool::None => "none",
             Tool::Agent => "agent",
+            Tool::AgentFramePointers => "agent-fp",
             Tool::Perf => "perf",
             Tool::Bpftrace => "bpftrace",
             Tool::Bcc => "bcc",
@@ -161,11 +176,13 @@ pub fn start_agent(
     output: &Path,
     log: &Path,
     pid: Option<u32>,
+    extra: &[&str],
 ) -> anyhow::Result<Running> {
     let mut command = agent_command(env, hz, output, Duration::from_secs(1800));
     if let Some(pid) = pid {
         command.args(["--pid", &pid.to_string()]);
     }
+    command.args(extra);
     let mut process = Managed::spawn_logged(&mut command, Tool::Agent.name(), log)?;
     process.watch();
     // It prints this line once its programs are attached on every CPU.

@@ -102,6 +102,25 @@ pub fn build_workloads(root: &Path, bins: &Path) -> anyhow::Result<()> {
             .arg(sources.join(format!("{name}.c"))))
         .with_context(|| format!("building the {name} workload (apt install gcc)"))?;
     }
+    // The same native workload without and with frame pointers (libc has
+    // none either way).
+    for (name, frame_pointers) in [
+        ("qsortchain-nofp", "-fomit-frame-pointer"),
+        ("qsortchain-fp", "-fno-omit-frame-pointer"),
+    ] {
+        run(Command::new("gcc")
+            .args(["-O2", "-g", frame_pointers, "-o"])
+            .arg(bins.join(name))
+            .arg(sources.join("qsortchain.c")))
+        .with_context(|| format!("building the {name} workload (apt install gcc)"))?;
+    }
+    // burst.c without frame pointers: copied with distinct build ids for
+    // the many-processes table measurement.
+    run(Command::new("gcc")
+        .args(["-O2", "-g", "-fomit-frame-pointer", "-o"])
+        .arg(bins.join("burst-nofp"))
+        .arg(sources.join("burst.c")))
+    .context("building burst-nofp (apt install gcc)")?;
     // Debian's Go 1.19, as the issue asks; GOTOOLCHAIN=local keeps newer
     // go commands from fetching a toolchain.
     run(Command::new("/usr/bin/go")

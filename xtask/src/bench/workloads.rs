@@ -14,13 +14,17 @@ pub enum Workload {
     GoService,
     Syscalls,
     DeepStacks,
+    NoFramePointers,
+    FramePointers,
 }
 
 impl Workload {
-    pub const ALL: [Workload; 3] = [
+    pub const ALL: [Workload; 5] = [
         Workload::GoService,
         Workload::Syscalls,
         Workload::DeepStacks,
+        Workload::NoFramePointers,
+        Workload::FramePointers,
     ];
 
     pub fn name(self) -> &'static str {
@@ -28,6 +32,10 @@ impl Workload {
             Workload::GoService => "Go service (JSON, SHA-256, maps; 1 goroutine per CPU)",
             Workload::Syscalls => "C syscalls (64-byte pipe write+read, 1 thread)",
             Workload::DeepStacks => "C deep stacks (100 frames, 1 thread per CPU)",
+            Workload::NoFramePointers => {
+                "C -O2 without frame pointers (qsort comparator + 4-deep chain, 1 thread)"
+            }
+            Workload::FramePointers => "the same C built with frame pointers",
         }
     }
 
@@ -36,6 +44,8 @@ impl Workload {
             Workload::GoService => "go-service",
             Workload::Syscalls => "syscalls",
             Workload::DeepStacks => "deep-stacks",
+            Workload::NoFramePointers => "no-frame-pointers",
+            Workload::FramePointers => "frame-pointers",
         }
     }
 
@@ -44,6 +54,8 @@ impl Workload {
             Workload::GoService => Command::new(env.bins.join("goservice")),
             Workload::Syscalls => Command::new(env.bins.join("syscalls")),
             Workload::DeepStacks => Command::new(env.bins.join("deepstacks")),
+            Workload::NoFramePointers => Command::new(env.bins.join("qsortchain-nofp")),
+            Workload::FramePointers => Command::new(env.bins.join("qsortchain-fp")),
         };
         c.arg(format!("{seconds}"));
         if self == Workload::DeepStacks {
