@@ -194,7 +194,11 @@ fn matches(
     let unsupported = rule.kind == RULE_FRAME_POINTER && rule.flags & RULE_FLAG_UNSUPPORTED != 0;
     // The return address in another register (libc's context switching):
     // not modelled, the frame pointer is the fallback.
-    if row.ra.as_deref().is_some_and(|ra| !ra.starts_with('c') && ra != "u") {
+    if row
+        .ra
+        .as_deref()
+        .is_some_and(|ra| !ra.starts_with('c') && ra != "u")
+    {
         return unsupported
             .then_some(())
             .ok_or_else(|| "return address in a register".into());
