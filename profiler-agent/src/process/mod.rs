@@ -8,6 +8,7 @@
 //! symbolized at the end.
 
 mod container;
+pub mod contained;
 mod maps;
 mod object;
 

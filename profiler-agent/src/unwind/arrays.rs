@@ -2,22 +2,30 @@
 //!
 //! The arrays are created `BPF_F_MMAPABLE`, so an object's rows and pages
 //! are copied into kernel memory with a `memcpy`, not one `bpf()` system
-//! call per element (libc's 30,000 rows would be 30,000 calls).
+//! call per element (libc's 30,000 rows would be 30,000 calls). Only the
+//! pages a write touches are mapped, for the write: the kernel maps a
+//! BPF array's pages eagerly, so a mapping of the whole array held open
+//! would count its tens of MiB in the agent's resident set (they are kernel
+//! memory either way, charged to the agent's cgroup once).
 
 use std::os::fd::{AsFd, AsRawFd};
 
 use aya::maps::{Map, MapData};
 
-/// A BPF array of `T` mapped into this process. `T` must be a plain
-/// `#[repr(C)]` type whose size is a multiple of 8: the kernel lays array
-/// elements out at a stride of their size rounded up to 8.
+/// A BPF array of `T`. `T` must be a plain `#[repr(C)]` type whose size is a
+/// multiple of 8: the kernel lays array elements out at a stride of their
+/// size rounded up to 8.
 pub struct MappedArray<T> {
-    /// Keeps the map (and so the mapping's backing memory) alive; None for
-    /// an array in this process's own memory (tests, table measurements).
-    _map: Option<MapData>,
-    memory: memmap2::MmapMut,
+    storage: Storage,
     len: usize,
     _element: std::marker::PhantomData<T>,
+}
+
+enum Storage {
+    /// The kernel's array; mapped a window at a time.
+    Kernel(MapData),
+    /// This process's memory (tests, and measuring tables without a kernel).
+    Memory(memmap2::MmapMut),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,14 +49,13 @@ pub enum ArrayError {
     Mmap(&'static str, std::io::Error),
 }
 
+const PAGE: usize = 4096;
+
 impl<T: Copy + aya::Pod> MappedArray<T> {
-    /// Maps the array `name`, taken out of `ebpf`.
+    /// The array `name`, taken out of `ebpf`. Checks that it can be mapped.
     pub fn take(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<Self, ArrayError> {
         const {
-            assert!(
-                std::mem::size_of::<T>().is_multiple_of(8),
-                "array stride is 8-byte aligned"
-            );
+            assert!(std::mem::size_of::<T>().is_multiple_of(8), "array stride is 8-byte aligned");
         }
         let map = match ebpf.take_map(name).ok_or(ArrayError::Missing(name))? {
             Map::Array(map) => map,
@@ -62,36 +69,26 @@ impl<T: Copy + aya::Pod> MappedArray<T> {
                 expected: std::mem::size_of::<T>(),
             });
         }
-        let len = info.max_entries() as usize;
-        let bytes = len * std::mem::size_of::<T>();
-        let page = 4096;
-        let fd = map.fd().as_fd().as_raw_fd();
-        // SAFETY: a shared mapping of a BPF_F_MMAPABLE array's memory, of
-        // the array's size rounded to pages; the kernel keeps the memory
-        // alive while the map (held in `_map`) or the mapping exists.
-        let memory = unsafe {
-            memmap2::MmapOptions::new()
-                .len(bytes.div_ceil(page) * page)
-                .map_mut(fd)
-        }
-        .map_err(|e| ArrayError::Mmap(name, e))?;
-        Ok(MappedArray {
-            _map: Some(map),
-            memory,
-            len,
+        let array = MappedArray {
+            storage: Storage::Kernel(map),
+            len: info.max_entries() as usize,
             _element: std::marker::PhantomData,
-        })
+        };
+        // A first, one-page window: a kernel built without BPF_F_MMAPABLE
+        // support fails here, at start, rather than at the first table.
+        array
+            .window(0, PAGE.min(array.byte_len()))
+            .map_err(|e| ArrayError::Mmap(name, e))?;
+        Ok(array)
     }
 
     /// An array of `len` zeroed elements in this process's memory, laid out
-    /// as the kernel's: the table store without a kernel (tests, and
-    /// measuring the tables of objects).
+    /// as the kernel's.
     pub fn anonymous(len: usize) -> std::io::Result<Self> {
         let bytes = (len * std::mem::size_of::<T>()).max(1);
         let memory = memmap2::MmapOptions::new().len(bytes).map_anon()?;
         Ok(MappedArray {
-            _map: None,
-            memory,
+            storage: Storage::Memory(memory),
             len,
             _element: std::marker::PhantomData,
         })
@@ -106,20 +103,90 @@ impl<T: Copy + aya::Pod> MappedArray<T> {
         self.len == 0
     }
 
-    /// The array as a slice.
-    pub fn as_mut_slice(&mut self) -> &mut [T] {
-        // SAFETY: the mapping is at least len * size_of::<T>() bytes,
-        // page-aligned, and T is plain data (aya::Pod) for which any bytes
-        // are valid. The BPF programs only read these arrays.
-        unsafe { std::slice::from_raw_parts_mut(self.memory.as_mut_ptr().cast::<T>(), self.len) }
+    fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+
+    /// A shared mapping of the kernel array's pages covering
+    /// `[start, start + len)` bytes; the offset of `start` in it.
+    fn window(&self, start: usize, len: usize) -> std::io::Result<(memmap2::MmapMut, usize)> {
+        let Storage::Kernel(map) = &self.storage else {
+            return Err(std::io::Error::other("not a kernel array"));
+        };
+        let first = start / PAGE * PAGE;
+        let end = (start + len).div_ceil(PAGE) * PAGE;
+        let fd = map.fd().as_fd().as_raw_fd();
+        // SAFETY: a shared mapping of pages of a BPF_F_MMAPABLE array,
+        // inside its size; the kernel keeps the memory alive while the map
+        // (held in `storage`) or the mapping exists, and the BPF programs
+        // only read it.
+        let mapping = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(first as u64)
+                .len(end - first)
+                .map_mut(fd)
+        }?;
+        Ok((mapping, start - first))
+    }
+
+    /// Writes `bytes` at byte offset `start`; false if they do not fit or
+    /// the mapping failed.
+    pub fn write_bytes(&mut self, start: usize, bytes: &[u8]) -> bool {
+        if start.checked_add(bytes.len()).is_none_or(|end| end > self.byte_len()) {
+            return false;
+        }
+        if bytes.is_empty() {
+            return true;
+        }
+        match &mut self.storage {
+            Storage::Memory(memory) => {
+                memory[start..start + bytes.len()].copy_from_slice(bytes);
+                true
+            }
+            Storage::Kernel(_) => match self.window(start, bytes.len()) {
+                Ok((mut mapping, at)) => {
+                    mapping[at..at + bytes.len()].copy_from_slice(bytes);
+                    true
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "mapping an unwind array");
+                    false
+                }
+            },
+        }
     }
 
     /// Writes `values` from index `at` on; false if they do not fit.
     pub fn write(&mut self, at: usize, values: &[T]) -> bool {
-        let Some(end) = at.checked_add(values.len()).filter(|&end| end <= self.len) else {
-            return false;
+        let size = std::mem::size_of::<T>();
+        // SAFETY: T is plain data (aya::Pod) without padding-sensitive
+        // invariants; its bytes are what the kernel array stores.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
         };
-        self.as_mut_slice()[at..end].copy_from_slice(values);
-        true
+        match at.checked_mul(size) {
+            Some(start) => self.write_bytes(start, bytes),
+            None => false,
+        }
+    }
+
+    /// Element `index` as the BPF programs read it (tests and tools).
+    pub fn get(&self, index: usize) -> Option<T> {
+        if index >= self.len {
+            return None;
+        }
+        let size = std::mem::size_of::<T>();
+        let read = |bytes: &[u8]| {
+            // SAFETY: `bytes` holds size_of::<T>() bytes of a T (any bytes
+            // are a valid aya::Pod value).
+            unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) }
+        };
+        match &self.storage {
+            Storage::Memory(memory) => Some(read(&memory[index * size..(index + 1) * size])),
+            Storage::Kernel(_) => {
+                let (mapping, at) = self.window(index * size, size).ok()?;
+                Some(read(&mapping[at..at + size]))
+            }
+        }
     }
 }

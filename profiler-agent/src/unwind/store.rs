@@ -455,17 +455,27 @@ impl TableStore {
             return ObjectState::None;
         };
         // Rows first, then the pages pointing at them: a walker never sees
-        // a page whose rows are not there yet.
-        let rows = self.arrays.rows.as_mut_slice();
-        // SAFETY: a block is UNWIND_ROWS_PER_BLOCK rows with no padding
-        // (repr(C), 4-byte rows), so the block array is a row array.
-        let rows: &mut [UnwindRow] = unsafe {
-            std::slice::from_raw_parts_mut(
-                rows.as_mut_ptr().cast::<UnwindRow>(),
-                rows.len() * profiler_common::unwind::UNWIND_ROWS_PER_BLOCK as usize,
+        // a page whose rows are not there yet. A block is
+        // UNWIND_ROWS_PER_BLOCK rows with no padding (repr(C), 4-byte rows),
+        // so row i is at byte 4 * i of the block array.
+        // SAFETY: UnwindRow is plain data (two u16), so its bytes are what
+        // the kernel array stores.
+        let row_bytes = unsafe {
+            std::slice::from_raw_parts(
+                paged.rows.as_ptr().cast::<u8>(),
+                std::mem::size_of_val(paged.rows.as_slice()),
             )
         };
-        rows[first_row as usize..(first_row + row_count) as usize].copy_from_slice(&paged.rows);
+        if !self
+            .arrays
+            .rows
+            .write_bytes(first_row as usize * size_of::<UnwindRow>(), row_bytes)
+        {
+            self.stats.map_errors += 1;
+            self.row_space.free(first_row, row_count);
+            self.page_space.free(first_page, page_count);
+            return ObjectState::None;
+        }
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         let pages: Vec<UnwindPage> = paged
             .pages
@@ -479,7 +489,12 @@ impl TableStore {
                 row_count: p.row_count,
             })
             .collect();
-        self.arrays.pages.write(first_page as usize, &pages);
+        if !self.arrays.pages.write(first_page as usize, &pages) {
+            self.stats.map_errors += 1;
+            self.row_space.free(first_row, row_count);
+            self.page_space.free(first_page, page_count);
+            return ObjectState::None;
+        }
         self.stats.tables_loaded += 1;
         self.stats.rows_loaded += u64::from(row_count);
         if user.is_some() {
@@ -614,7 +629,9 @@ impl TableStore {
         match first {
             Some(first) => {
                 let values: Vec<UnwindMapping> = entries.iter().map(|(e, _)| *e).collect();
-                self.arrays.mappings.write(first as usize, &values);
+                if !self.arrays.mappings.write(first as usize, &values) {
+                    self.stats.map_errors += 1;
+                }
                 std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
                 let value = ProcessUnwind {
                     first_mapping: first,
@@ -727,13 +744,18 @@ mod tests {
         if page >= u64::from(m.page_count) {
             return UnwindRule::default();
         }
-        let page = store.arrays.pages.as_mut_slice()[(m.first_page + page as u32) as usize];
+        let page = store
+            .arrays
+            .pages
+            .get((m.first_page + page as u32) as usize)
+            .unwrap();
         if page.row_count == 0 {
             return UnwindRule::default();
         }
-        let blocks = store.arrays.rows.as_mut_slice();
+        let rows = &store.arrays.rows;
         let row = |i: u32| {
-            blocks[(i / UNWIND_ROWS_PER_BLOCK) as usize].rows[(i % UNWIND_ROWS_PER_BLOCK) as usize]
+            rows.get((i / UNWIND_ROWS_PER_BLOCK) as usize).unwrap().rows
+                [(i % UNWIND_ROWS_PER_BLOCK) as usize]
         };
         let low = (offset & 0xffff) as u16;
         let mut chosen = row(page.first_row);
@@ -742,7 +764,7 @@ mod tests {
                 chosen = row(i);
             }
         }
-        store.arrays.rules.as_mut_slice()[chosen.rule as usize]
+        store.arrays.rules.get(chosen.rule as usize).unwrap()
     }
 
     #[test]
