@@ -9,8 +9,8 @@
 //!    process's sorted mappings (a per-pid hash lookup once per sample gives
 //!    their range);
 //! 2. the mapping's *page* (`UnwindPage`): the object's rows are indexed by
-//!    64 KiB page of its address space, so a search never spans more than
-//!    one page's rows;
+//!    4 KiB page of its address space, so a search never spans more than
+//!    one page's rows (libc: 60 rows a page on average, 6 halvings);
 //! 3. the row (`UnwindRow`, 4 bytes): the last one in the page whose
 //!    `pc_low` is at or below the PC;
 //! 4. the rule (`UnwindRule`): rules are deduplicated node-wide (libc's
@@ -21,7 +21,9 @@
 //! every process that maps it.
 
 /// log2 of the bytes of object address space one page of rows covers.
-pub const UNWIND_PAGE_SHIFT: u32 = 16;
+/// 4 KiB pages: 8 bytes of page index per 4 KiB of code (0.2%), and few
+/// rows to search in each.
+pub const UNWIND_PAGE_SHIFT: u32 = 12;
 
 /// Rows in one element of the row array. Array elements are rounded up to
 /// 8 bytes by the kernel; blocks of 4-byte rows keep that padding away.
@@ -43,7 +45,7 @@ pub struct UnwindRowBlock {
     pub rows: [UnwindRow; UNWIND_ROWS_PER_BLOCK as usize],
 }
 
-/// The rows of one 64 KiB page of an object: `row_count` rows from
+/// The rows of one page of an object: `row_count` rows from
 /// `first_row` on (row indices, not blocks). A page with rows always has one
 /// at `pc_low` 0 (carried over from the page before), so every PC of the
 /// page finds one. `row_count == 0`: no table here (walk frame pointers).
@@ -166,8 +168,9 @@ pub const FRAME_EXACT_PC: u64 = 1 << 63;
 /// Default sizes of the unwinder's arrays. The agent sets the row array's
 /// size from its configured memory bound at load time.
 pub const DEFAULT_UNWIND_ROW_BLOCKS: u32 = 1 << 18;
-/// Pages of all tables (8 bytes each; 2^18 pages cover 16 GiB of code).
-pub const MAX_UNWIND_PAGES: u32 = 1 << 18;
+/// Pages of all tables (8 bytes each; 2^19 pages cover 2 GiB of code, the
+/// text of hundreds of distinct large binaries).
+pub const MAX_UNWIND_PAGES: u32 = 1 << 19;
 /// Distinct rules node-wide (rows name them with a u16).
 pub const MAX_UNWIND_RULES: u32 = 1 << 16;
 /// Mappings with tables of all processes together.

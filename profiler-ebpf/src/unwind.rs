@@ -472,10 +472,10 @@ fn rule_in_mapping(state: &WalkState, pc: u64) -> UnwindRule {
         return none;
     }
     let target = (offset & ((1 << UNWIND_PAGE_SHIFT) - 1)) as u16;
-    // The last row whose pc_low <= target; rows of a page hold at most
-    // 2^16 distinct pcs, so 17 halvings always finish.
+    // The last row whose pc_low <= target; a page holds at most 2^12
+    // distinct pcs, so 13 halvings always finish.
     let (mut lo, mut hi) = (0u32, count);
-    for _ in 0..17 {
+    for _ in 0..13 {
         if lo + 1 >= hi {
             break;
         }

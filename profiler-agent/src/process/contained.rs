@@ -262,7 +262,11 @@ mod tests {
         assert_eq!(read(root, "/usr/lib/libabs.so").unwrap(), "inside");
         // Absolute links and .. resolve inside the root: the host file
         // is never read.
-        for escape in ["/usr/lib/escape-abs", "/usr/lib/escape-dotdot", "/../host-secret"] {
+        for escape in [
+            "/usr/lib/escape-abs",
+            "/usr/lib/escape-dotdot",
+            "/../host-secret",
+        ] {
             let result = read(root, escape);
             assert!(
                 result.as_deref().map_or(true, |text| text != "host only"),
@@ -317,7 +321,10 @@ mod tests {
         File::create(&big).unwrap().set_len(1 << 40).unwrap();
         let root = Root::open(Path::new("/")).unwrap();
         let err = root.open_file(&fifo, 1 << 20).unwrap_err();
-        assert!(matches!(err, ContainedError::NotRegular { kind: "a FIFO", .. }), "{err}");
+        assert!(
+            matches!(err, ContainedError::NotRegular { kind: "a FIFO", .. }),
+            "{err}"
+        );
         let err = root.open_file(Path::new("/dev/zero"), 1 << 20).unwrap_err();
         assert!(matches!(err, ContainedError::NotRegular { .. }), "{err}");
         let err = root.open_file(&big, 1 << 30).unwrap_err();

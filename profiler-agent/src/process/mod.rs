@@ -7,8 +7,8 @@
 //! Holding the handle means a process that exits mid-run is still
 //! symbolized at the end.
 
-mod container;
 pub mod contained;
+mod container;
 mod maps;
 mod object;
 

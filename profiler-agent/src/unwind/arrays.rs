@@ -55,7 +55,10 @@ impl<T: Copy + aya::Pod> MappedArray<T> {
     /// The array `name`, taken out of `ebpf`. Checks that it can be mapped.
     pub fn take(ebpf: &mut aya::Ebpf, name: &'static str) -> Result<Self, ArrayError> {
         const {
-            assert!(std::mem::size_of::<T>().is_multiple_of(8), "array stride is 8-byte aligned");
+            assert!(
+                std::mem::size_of::<T>().is_multiple_of(8),
+                "array stride is 8-byte aligned"
+            );
         }
         let map = match ebpf.take_map(name).ok_or(ArrayError::Missing(name))? {
             Map::Array(map) => map,
@@ -132,7 +135,10 @@ impl<T: Copy + aya::Pod> MappedArray<T> {
     /// Writes `bytes` at byte offset `start`; false if they do not fit or
     /// the mapping failed.
     pub fn write_bytes(&mut self, start: usize, bytes: &[u8]) -> bool {
-        if start.checked_add(bytes.len()).is_none_or(|end| end > self.byte_len()) {
+        if start
+            .checked_add(bytes.len())
+            .is_none_or(|end| end > self.byte_len())
+        {
             return false;
         }
         if bytes.is_empty() {

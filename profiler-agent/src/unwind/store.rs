@@ -757,7 +757,7 @@ mod tests {
             rows.get((i / UNWIND_ROWS_PER_BLOCK) as usize).unwrap().rows
                 [(i % UNWIND_ROWS_PER_BLOCK) as usize]
         };
-        let low = (offset & 0xffff) as u16;
+        let low = (offset & ((1 << UNWIND_PAGE_SHIFT) - 1)) as u16;
         let mut chosen = row(page.first_row);
         for i in page.first_row..page.first_row + page.row_count {
             if row(i).pc_low <= low {

@@ -138,7 +138,8 @@ impl RuleSet {
     }
 }
 
-/// A table cut into 64 KiB pages: what is written to the BPF arrays.
+/// A table cut into pages (`UNWIND_PAGE_SHIFT`): what is written to the
+/// BPF arrays.
 /// Page and row indices are relative to this table.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PagedTable {
@@ -153,9 +154,8 @@ pub struct PagedTable {
     pub rules_full: u64,
 }
 
-/// Most pages one table may span (4 GiB of address space: rows hold a
-/// u32 page-relative index).
-const MAX_PAGES_PER_TABLE: u64 = 1 << 16;
+/// Most pages one table may span (4 GiB of address space).
+const MAX_PAGES_PER_TABLE: u64 = 1 << 20;
 
 impl PagedTable {
     /// Cuts `table` into pages, interning its rules into `rules`. None for
@@ -273,34 +273,37 @@ mod tests {
 
     #[test]
     fn pages_carry_the_rule_across_their_boundary() {
+        // Addresses as page P + offset.
+        const P: u64 = 1 << UNWIND_PAGE_SHIFT;
+        let at = |page: u64, offset: u64| page * P + offset;
         let gap = UnwindRule::default();
         let table = ObjectTable::from_sorted([
-            row(0x1_fff0, sp(8)),
-            row(0x1_fff4, sp(16)),
-            // Nothing starts on page 0x2_0000: sp(16) carries over.
-            row(0x2_0100, sp(8)),
-            row(0x2_0200, gap),
-            // Page 0x3_0000 walks frame pointers only: no rows.
-            row(0x4_0008, row_root()),
-            row(0x4_0010, gap),
+            row(at(1, P - 16), sp(8)),
+            row(at(1, P - 12), sp(16)),
+            // Nothing starts on page 2: sp(16) carries over.
+            row(at(2, 0x100), sp(8)),
+            row(at(2, 0x200), gap),
+            // Page 3 walks frame pointers only: no rows.
+            row(at(4, 8), row_root()),
+            row(at(4, 16), gap),
         ]);
         let mut rules = RuleSet::default();
         let paged = PagedTable::build(&table, &mut rules).unwrap();
-        assert_eq!(paged.base, 0x1_0000);
+        assert_eq!(paged.base, P);
         assert_eq!(paged.pages.len(), 4);
         assert_eq!(paged.pages[2].row_count, 0, "{paged:?}");
         for (address, expected) in [
-            (0x1_0000, 0u16),
-            (0x1_fff0, rules.intern(sp(8)).unwrap()),
-            (0x1_ffff, rules.intern(sp(16)).unwrap()),
-            (0x2_0000, rules.intern(sp(16)).unwrap()),
-            (0x2_0150, rules.intern(sp(8)).unwrap()),
-            (0x2_0200, 0),
-            (0x3_1234, 0),
-            (0x4_0000, 0),
-            (0x4_0009, rules.intern(row_root()).unwrap()),
-            (0x4_0010, 0),
-            (0x9_0000, 0),
+            (at(1, 0), 0u16),
+            (at(1, P - 16), rules.intern(sp(8)).unwrap()),
+            (at(1, P - 1), rules.intern(sp(16)).unwrap()),
+            (at(2, 0), rules.intern(sp(16)).unwrap()),
+            (at(2, 0x150), rules.intern(sp(8)).unwrap()),
+            (at(2, 0x200), 0),
+            (at(3, 0x123), 0),
+            (at(4, 0), 0),
+            (at(4, 9), rules.intern(row_root()).unwrap()),
+            (at(4, 16), 0),
+            (at(9, 0), 0),
         ] {
             assert_eq!(paged.rule_index_at(address), expected, "{address:#x}");
         }
