@@ -1074,6 +1074,8 @@ fn deploy_manifests_are_valid_kubernetes_objects() {
         "clusterrole/profiler-agent",
         "clusterrolebinding/profiler-agent",
         "configmap/profiler-agent",
+        "clusterrole/profiler-agent-scraper",
+        "networkpolicy/profiler-agent",
     ] {
         assert!(
             report.contains(&format!("passed for resource {kind}")),
@@ -1090,7 +1092,9 @@ fn deploy_manifests_are_valid_kubernetes_objects() {
     assert!(!validate(&[broken]).status.success());
 
     // What the DaemonSet grants: host PIDs and exactly the capabilities
-    // the README lists, nothing that writes through the API.
+    // the README lists; through the API, reading pods, creating reviews of
+    // its callers (which store nothing), and for scrapers `get` on the two
+    // endpoints.
     for capability in ["- BPF", "- PERFMON", "- SYS_PTRACE", "- SYS_RESOURCE"] {
         assert!(daemonset.contains(capability), "{capability}");
     }
@@ -1100,16 +1104,33 @@ fn deploy_manifests_are_valid_kubernetes_objects() {
         .filter(|l| l.contains("verbs:"))
         .map(str::trim)
         .collect();
-    assert_eq!(verbs, ["verbs: [\"get\", \"list\", \"watch\"]"]);
+    assert_eq!(
+        verbs,
+        [
+            "verbs: [\"get\", \"list\", \"watch\"]",
+            "verbs: [\"create\"]",
+            "verbs: [\"create\"]",
+            "verbs: [\"get\"]"
+        ]
+    );
     let resources: Vec<&str> = rbac
         .lines()
-        .filter(|l| l.contains("resources:"))
+        .filter(|l| l.contains("resources:") || l.contains("nonResourceURLs:"))
         .map(str::trim)
         .collect();
-    assert_eq!(resources, ["resources: [\"pods\"]"]);
+    assert_eq!(
+        resources,
+        [
+            "resources: [\"pods\"]",
+            "resources: [\"tokenreviews\"]",
+            "resources: [\"subjectaccessreviews\"]",
+            "- nonResourceURLs: [\"/metrics\", \"/debug/pprof/profile\"]"
+        ]
+    );
 
     // The ConfigMap carries the example config (listening on all
-    // interfaces), and the agent accepts it.
+    // interfaces, callers reviewed by the Kubernetes API), and the agent
+    // accepts it.
     let python = go_toolchain_root().join("kubernetes-validate/bin/python");
     let extracted = Command::new(python)
         .args([
@@ -1128,7 +1149,9 @@ fn deploy_manifests_are_valid_kubernetes_objects() {
     let example = std::fs::read_to_string(deploy.join("config.example.toml")).unwrap();
     assert_eq!(
         in_configmap,
-        example.replace("listen = \"127.0.0.1:6060\"", "listen = \"0.0.0.0:6060\"")
+        example
+            .replace("listen = \"127.0.0.1:6060\"", "listen = \"0.0.0.0:6060\"")
+            .replace("\nkubernetes = false\n", "\nkubernetes = true\n")
     );
     let config =
         profiler_agent::continuous::Config::from_toml(&in_configmap, Path::new("configmap"))

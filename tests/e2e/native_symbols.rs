@@ -319,12 +319,14 @@ fn separate_debug_file_by_build_id() {
         .unwrap();
     assert!(status.success());
     let found =
-        profiler_agent::symbolize::dwarf::find_debug_file(&file, &root, Path::new("/usr/bin/app"));
+        profiler_agent::symbolize::dwarf::find_debug_file(&file, &root, Path::new("/usr/bin/app"))
+            .map(|(path, _)| path);
     assert_eq!(found, Some(debug));
     let found: Option<PathBuf> = profiler_agent::symbolize::dwarf::find_debug_file(
         &file,
         &dir.path().join("empty"),
         Path::new("/usr/bin/app"),
-    );
+    )
+    .map(|(path, _)| path);
     assert_eq!(found, None);
 }

@@ -18,6 +18,8 @@ const TARGETS: &[&str] = &[
     "usdt_notes",
     "text_parsers",
     "cfi_rows",
+    "http_request",
+    "auth_header",
 ];
 
 pub fn fuzz(args: &[String]) -> anyhow::Result<()> {
@@ -161,6 +163,31 @@ fn seed_corpus(fuzz_dir: &Path) -> anyhow::Result<()> {
         let cut = bytes.len().min(131_072);
         std::fs::write(dir("go_pclntab")?.join("go1.19"), &bytes[..cut])?;
     }
+
+    let http = dir("http_request")?;
+    for (name, request) in [
+        (
+            "pull",
+            "GET /debug/pprof/profile?seconds=1&pid=1 HTTP/1.1\r\nHost: x\r\n\r\n",
+        ),
+        (
+            "body",
+            "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        ),
+        (
+            "chunked",
+            "GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+    ] {
+        std::fs::write(http.join(name), request)?;
+    }
+    let auth = dir("auth_header")?;
+    std::fs::write(auth.join("basic"), "Basic c2NyYXBlcjpzM2NyZXQ=")?;
+    std::fs::write(auth.join("bearer"), "Bearer abc.def.ghi")?;
+    std::fs::write(
+        auth.join("web-config"),
+        "tls_server_config:\n  cert_file: a\n  key_file: b\nbasic_auth_users:\n  u: $2y$04$x\n",
+    )?;
 
     let text = dir("text_parsers")?;
     for (name, source) in [("maps", "/proc/self/maps"), ("kallsyms", "/proc/kallsyms")] {

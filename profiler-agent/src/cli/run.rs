@@ -174,6 +174,17 @@ pub struct RunArgs {
     /// Per request [default: 10s].
     #[arg(long, env = "PROFILER_AGENT_KUBERNETES_TIMEOUT", value_parser = humantime::parse_duration)]
     pub kubernetes_timeout: Option<Duration>,
+    /// Prometheus exporter-toolkit web config (TLS, client certificates,
+    /// basic_auth_users with bcrypt hashes) for the listener [default: none].
+    #[arg(long, env = "PROFILER_AGENT_WEB_CONFIG_FILE", value_name = "FILE", value_parser = any_path)]
+    pub web_config_file: Option<PathBuf>,
+    /// A file with the bearer token callers must send [default: none].
+    #[arg(long, env = "PROFILER_AGENT_BEARER_TOKEN_FILE", value_name = "FILE", value_parser = any_path)]
+    pub bearer_token_file: Option<PathBuf>,
+    /// Check callers' bearer tokens with the Kubernetes API (TokenReview and
+    /// SubjectAccessReview, as kube-rbac-proxy) [default: false].
+    #[arg(long, env = "PROFILER_AGENT_AUTH_KUBERNETES", value_name = "BOOL")]
+    pub auth_kubernetes: Option<bool>,
 }
 
 /// A path that may be empty ("" switches an exporter off), which clap's
@@ -227,6 +238,9 @@ impl RunArgs {
             kubernetes_token_file: self.kubernetes_token_file.clone(),
             kubernetes_ca_file: self.kubernetes_ca_file.clone(),
             kubernetes_timeout: self.kubernetes_timeout,
+            web_config_file: self.web_config_file.clone(),
+            bearer_token_file: self.bearer_token_file.clone(),
+            auth_kubernetes: self.auth_kubernetes,
         }
     }
 }

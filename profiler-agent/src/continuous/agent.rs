@@ -43,6 +43,8 @@ pub enum RunError {
     Exporter { name: &'static str, message: String },
     #[error("kubernetes metadata: {0}")]
     Kubernetes(#[from] kubernetes::KubernetesError),
+    #[error("[auth]: {0}")]
+    Auth(#[from] crate::export::auth::AuthError),
 }
 
 /// What a run did, for the final log line.
@@ -75,7 +77,7 @@ struct Pull {
     pid: Option<u32>,
     service: Option<String>,
     accumulator: Accumulator,
-    reply: std::sync::mpsc::SyncSender<Result<Vec<u8>, String>>,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<u8>, String>>,
 }
 
 /// Where symbols come from: the live recorder, or a recording finished
@@ -188,14 +190,32 @@ impl Agent {
         let recorder = Recorder::start(&sampling)?;
         let (pull_tx, pull_requests) = std::sync::mpsc::channel();
         let server = match config.listen_addr() {
-            Ok(Some(addr)) => Some(Server::start(
-                addr,
-                metrics.clone(),
-                pull_tx,
-                config.max_pull_seconds,
-            )?),
+            Ok(Some(addr)) => {
+                let auth = crate::export::auth::Auth::new(&config.auth, &config.kubernetes)?;
+                if !auth.enabled() && !addr.ip().is_loopback() {
+                    tracing::warn!(
+                        "the listener on {addr} has no authentication: any client that can reach \
+                         it can pull profiles (set [auth], see README, Security)"
+                    );
+                }
+                Some(Server::start(
+                    addr,
+                    metrics.clone(),
+                    pull_tx,
+                    config.max_pull_seconds,
+                    std::sync::Arc::new(auth),
+                )?)
+            }
             _ => None,
         };
+        // Alive from now on: /healthz must not fail before the run loop's
+        // first turn.
+        metrics.heartbeat_unix.store(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            Relaxed,
+        );
         metrics.ready.store(true, Relaxed);
         let node = config.node_name();
         // Not fatal unless asked for explicitly (`enabled = "on"`): outside
@@ -493,6 +513,8 @@ impl Agent {
             }
         }
         m.unwind_tables_dropped.store(t.tables_dropped, Relaxed);
+        m.files_refused
+            .store(crate::process::contained::REFUSED.load(Relaxed), Relaxed);
         for (end, slot) in profiler_common::unwind::UserStackEnd::ALL
             .iter()
             .zip(&m.user_stack_ends)

@@ -72,6 +72,8 @@ pub struct Config {
     pub pyroscope: PyroscopeConfig,
     pub otlp: OtlpConfig,
     pub kubernetes: KubernetesConfig,
+    /// Who may use the listener (see `export::auth`).
+    pub auth: crate::export::auth::AuthConfig,
     /// Probes whose latency histograms `/metrics` exports (`[[probes]]`;
     /// in the file only).
     pub probes: Vec<ProbeConfig>,
@@ -199,6 +201,7 @@ impl Default for Config {
             pyroscope: PyroscopeConfig::default(),
             otlp: OtlpConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            auth: Default::default(),
             probes: Vec::new(),
         }
     }
@@ -297,6 +300,9 @@ pub struct Overrides {
     pub kubernetes_token_file: Option<PathBuf>,
     pub kubernetes_ca_file: Option<PathBuf>,
     pub kubernetes_timeout: Option<Duration>,
+    pub web_config_file: Option<PathBuf>,
+    pub bearer_token_file: Option<PathBuf>,
+    pub auth_kubernetes: Option<bool>,
 }
 
 impl Config {
@@ -384,6 +390,10 @@ impl Config {
         set(&mut k.token_file, &o.kubernetes_token_file);
         set(&mut k.ca_file, &o.kubernetes_ca_file);
         set(&mut k.timeout, &o.kubernetes_timeout);
+        let a = &mut self.auth;
+        set(&mut a.web_config_file, &o.web_config_file);
+        set(&mut a.bearer_token_file, &o.bearer_token_file);
+        set(&mut a.kubernetes, &o.auth_kubernetes);
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -588,6 +598,18 @@ mod tests {
             .split("[[probes]]")
             .next()
             .unwrap();
+        let auth = text.split("[auth]").nth(1).expect("an [auth] section");
+        for key in [
+            "web_config_file",
+            "bearer_token_file",
+            "kubernetes",
+            "cache_seconds",
+        ] {
+            assert!(
+                auth.contains(&format!("{key} =")),
+                "auth.{key} is not documented"
+            );
+        }
         for key in ["enabled", "api_url", "token_file", "ca_file", "timeout"] {
             assert!(
                 kubernetes.contains(&format!("{key} =")),

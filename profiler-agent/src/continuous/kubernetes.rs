@@ -363,6 +363,19 @@ fn start_with_env(
 }
 
 /// `https://HOST:PORT` of the in-cluster service, IPv6 hosts bracketed.
+/// The API server's URL: `[kubernetes] api_url`, else the in-cluster one.
+pub(crate) fn api_url(config: &KubernetesConfig) -> Result<String, KubernetesError> {
+    let api = if config.api_url.is_empty() {
+        api_url_from_env(&|name| std::env::var(name).ok()).ok_or(KubernetesError::NoApiUrl)?
+    } else {
+        config.api_url.clone()
+    };
+    if !api.starts_with("https://") && !api.starts_with("http://") {
+        return Err(KubernetesError::BadApiUrl { url: api });
+    }
+    Ok(api)
+}
+
 fn api_url_from_env(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
     let host = env("KUBERNETES_SERVICE_HOST")?;
     let port = env("KUBERNETES_SERVICE_PORT").unwrap_or_else(|| "443".into());
@@ -468,13 +481,19 @@ impl Client {
     }
 }
 
-fn read_token(path: &Path) -> Result<String, KubernetesError> {
+pub(crate) fn read_token(path: &Path) -> Result<String, KubernetesError> {
     std::fs::read_to_string(path)
         .map(|t| t.trim().to_string())
         .map_err(|source| KubernetesError::ReadToken {
             path: path.to_path_buf(),
             source,
         })
+}
+
+pub(crate) fn read_ca_certificates(
+    path: &Path,
+) -> Result<Vec<Certificate<'static>>, KubernetesError> {
+    read_ca(path)
 }
 
 fn read_ca(path: &Path) -> Result<Vec<Certificate<'static>>, KubernetesError> {

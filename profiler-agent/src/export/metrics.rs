@@ -65,6 +65,13 @@ pub struct Metrics {
     pub sampler_restarts: AtomicU64,
     pub pulls_served: AtomicU64,
     pub pulls_rejected: AtomicU64,
+    /// Connections closed at once because `MAX_CONNECTIONS` were open.
+    pub connections_refused: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub requests_unauthenticated: AtomicU64,
+    pub requests_forbidden: AtomicU64,
+    /// Files refused for a process (not regular, too large, out of root).
+    pub files_refused: AtomicU64,
     /// Unix seconds of the run loop's last turn (liveness).
     pub heartbeat_unix: AtomicU64,
     pub ready: AtomicBool,
@@ -118,7 +125,7 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let l = |a: &AtomicU64| a.load(Relaxed);
-        let counters: [(&str, &str, u64); 35] = [
+        let counters: [(&str, &str, u64); 40] = [
             (
                 "profiler_agent_kernel_samples_total",
                 "Perf events that fired (samples taken by the kernel, idle included).",
@@ -208,6 +215,31 @@ impl Metrics {
                 "profiler_agent_pulls_rejected_total",
                 "Pulls refused (bad parameters, too many at once, shutting down).",
                 l(&self.pulls_rejected),
+            ),
+            (
+                "profiler_agent_http_connections_refused_total",
+                "Connections closed as they arrived because the listener's connection limit was reached.",
+                l(&self.connections_refused),
+            ),
+            (
+                "profiler_agent_http_connections_open",
+                "Open connections to the listener.",
+                l(&self.connections_open),
+            ),
+            (
+                "profiler_agent_http_unauthenticated_total",
+                "Requests answered 401 (no or unknown credentials).",
+                l(&self.requests_unauthenticated),
+            ),
+            (
+                "profiler_agent_http_forbidden_total",
+                "Requests answered 403 (authenticated, not authorized for the path).",
+                l(&self.requests_forbidden),
+            ),
+            (
+                "profiler_agent_files_refused_total",
+                "Files a process maps (or names as debug files) the agent refused to read: not a regular file, too large, or a link leading out of the process's root.",
+                l(&self.files_refused),
             ),
             (
                 "profiler_agent_process_cache_entries",

@@ -3,6 +3,7 @@
 //! slow or dead backend never blocks sampling, and the pull endpoints
 //! (`/debug/pprof/profile`, `/metrics`, `/healthz`, `/readyz`).
 
+pub mod auth;
 pub mod directory;
 pub mod http_client;
 pub mod metrics;
@@ -10,6 +11,8 @@ pub mod otlp;
 pub mod pyroscope;
 pub mod queue;
 pub mod server;
+mod tls;
+mod token_review;
 
 use std::sync::Arc;
 use std::time::SystemTime;

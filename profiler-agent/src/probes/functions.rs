@@ -38,7 +38,7 @@ pub struct FunctionTable {
     /// starts are keyed by goroutine.
     pub is_go: bool,
     functions: Vec<Function>,
-    data: Vec<u8>,
+    data: memmap2::Mmap,
     /// (link address, size, file offset) of each PT_LOAD.
     segments: Vec<(u64, u64, u64)>,
 }
@@ -80,7 +80,7 @@ impl FunctionTable {
     /// Reads `open_path` (named `display_path` in messages).
     pub fn read(open_path: &Path, display_path: &Path) -> Result<FunctionTable, FunctionError> {
         let path = display_path.to_path_buf();
-        let data = std::fs::read(open_path).map_err(|e| FunctionError::Read {
+        let data = crate::process::contained::map(open_path).map_err(|e| FunctionError::Read {
             path: path.clone(),
             reason: e.to_string(),
         })?;

@@ -190,7 +190,8 @@ pub fn read_probes(path: &Path) -> Result<UsdtProbes, UsdtError> {
 /// Reads the file at `open_path` (e.g. through `/proc/PID/root`), naming it
 /// `display_path` in results and errors.
 pub fn read_probes_as(open_path: &Path, display_path: &Path) -> Result<UsdtProbes, UsdtError> {
-    let data = std::fs::read(open_path).map_err(|error| UsdtError::Read {
+    // Resolved inside the process's root, regular files only, mapped.
+    let data = crate::process::contained::map(open_path).map_err(|error| UsdtError::Read {
         path: display_path.to_path_buf(),
         reason: error.to_string(),
     })?;

@@ -21,6 +21,7 @@
 
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
@@ -58,6 +59,96 @@ impl ContainedError {
                 if source.raw_os_error() == Some(libc::ELOOP)
                     || source.raw_os_error() == Some(libc::EXDEV))
     }
+}
+
+/// Files refused (not a regular file, too large, a link out of bounds)
+/// since the agent started, for `/metrics`.
+pub static REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Paths already named in the log as refused (each once; bounded).
+static LOGGED: std::sync::Mutex<Option<std::collections::HashSet<PathBuf>>> =
+    std::sync::Mutex::new(None);
+
+fn note_refusal(error: &ContainedError) {
+    if !error.is_refusal() {
+        return;
+    }
+    REFUSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = match error {
+        ContainedError::Io { path, .. }
+        | ContainedError::NotRegular { path, .. }
+        | ContainedError::TooLarge { path, .. }
+        | ContainedError::TooManyLinks { path } => path.clone(),
+    };
+    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    let logged = logged.get_or_insert_with(Default::default);
+    if logged.len() < 1024 && logged.insert(path) {
+        tracing::warn!("refused to read a file for a process: {error}");
+    }
+}
+
+/// Opens `path` for the agent to read on behalf of a process: a path under
+/// `/proc/PID/root/` is resolved inside that process's root; any other
+/// (`/proc/PID/map_files/...`, the kernel's link to a mapped file, or a
+/// file of this machine the user named) is opened as it is. Either way only
+/// a regular file of at most `MAX_FILE_BYTES`, without blocking. Refusals
+/// are counted and named once in the log.
+pub fn open(path: &Path) -> Result<File, ContainedError> {
+    let result = match split_proc_root(path) {
+        Some((root, inside)) => {
+            Root::open(&root).and_then(|root| root.open_file(&inside, MAX_FILE_BYTES))
+        }
+        None => {
+            let opened = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+                .open(path)
+                .map_err(|source| ContainedError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            opened.and_then(|file| check_regular(file, path, MAX_FILE_BYTES))
+        }
+    };
+    if let Err(error) = &result {
+        note_refusal(error);
+    }
+    result
+}
+
+/// `open`, then the file mapped read-only (not read whole).
+pub fn map(path: &Path) -> Result<memmap2::Mmap, ContainedError> {
+    let file = open(path)?;
+    // SAFETY: a read-only private mapping of a regular file we only read;
+    // if the file is truncated underneath us, reads fault (the risk every
+    // profiler reading live binaries takes).
+    unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ContainedError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// `/proc/PID/root/REST` as (`/proc/PID/root`, `/REST`).
+fn split_proc_root(path: &Path) -> Option<(PathBuf, PathBuf)> {
+    let mut components = path.components();
+    if components.next() != Some(Component::RootDir) {
+        return None;
+    }
+    let proc_dir = components.next()?;
+    let pid = components.next()?;
+    let root = components.next()?;
+    if proc_dir.as_os_str() != "proc"
+        || root.as_os_str() != "root"
+        || !pid
+            .as_os_str()
+            .to_str()?
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let root_dir = Path::new("/proc").join(pid.as_os_str()).join("root");
+    Some((root_dir, Path::new("/").join(components.as_path())))
 }
 
 /// A process's root directory, held open: paths are resolved inside it.
@@ -276,6 +367,20 @@ mod tests {
         // /dev/zero inside the root does not exist here; the host's would
         // not be a regular file anyway.
         assert!(read(root, "/usr/lib/zero").is_err());
+    }
+
+    #[test]
+    fn proc_root_paths_are_split_at_the_root() {
+        assert_eq!(
+            split_proc_root(Path::new("/proc/42/root/usr/lib/libc.so.6")),
+            Some((
+                PathBuf::from("/proc/42/root"),
+                PathBuf::from("/usr/lib/libc.so.6")
+            ))
+        );
+        assert_eq!(split_proc_root(Path::new("/proc/42/map_files/1-2")), None);
+        assert_eq!(split_proc_root(Path::new("/proc/self/root/x")), None);
+        assert_eq!(split_proc_root(Path::new("/usr/lib/x")), None);
     }
 
     #[test]

@@ -31,7 +31,8 @@ pub struct ObjectFile {
 impl ObjectFile {
     /// Opens a file given by path on this machine (`symbolize --binary`).
     pub fn open_path(path: &Path) -> std::io::Result<Self> {
-        let file = File::open(path)?;
+        let file = super::contained::open(path)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let meta = file.metadata()?;
         let dev = meta.dev();
         Ok(ObjectFile {
@@ -50,9 +51,10 @@ impl ObjectFile {
     }
 
     /// Opens the file behind `entry` of the process at `proc_dir`: first
-    /// through the process's root (`/proc/PID/root/PATH`, right for
-    /// containers), checked against the inode in the maps line; else through
-    /// `/proc/PID/map_files/START-END`, which also reaches deleted files.
+    /// through the process's root (`/proc/PID/root/PATH`, resolved inside
+    /// that root: see `contained`), checked against the inode in the maps
+    /// line; else through `/proc/PID/map_files/START-END`, the kernel's link
+    /// to the mapped file itself, which also reaches deleted files.
     pub(super) fn open(proc_dir: &Path, entry: &MapEntry, path: &Path, id: ObjectId) -> Self {
         let root = proc_dir.join("root");
         let via_root = root.join(path.strip_prefix("/").unwrap_or(path));
@@ -60,7 +62,9 @@ impl ObjectFile {
             .join("map_files")
             .join(format!("{:x}-{:x}", entry.start, entry.end));
         let mut errors = Vec::new();
-        match File::open(&via_root).and_then(|file| Ok((file.metadata()?.ino(), file))) {
+        let opened = super::contained::open(&via_root).map_err(|e| e.to_string());
+        match opened.and_then(|file| Ok((file.metadata().map_err(|e| e.to_string())?.ino(), file)))
+        {
             Ok((inode, file)) if inode == id.inode => {
                 return ObjectFile {
                     id,
@@ -73,11 +77,11 @@ impl ObjectFile {
                 "{}: a different file (replaced since it was mapped)",
                 via_root.display()
             )),
-            Err(e) => errors.push(format!("{}: {e}", via_root.display())),
+            Err(e) => errors.push(e),
         }
         // map_files is the mapped file itself, whatever its path says now
         // (overlay filesystems may report another inode through the path).
-        match File::open(&via_map_files) {
+        match super::contained::open(&via_map_files) {
             Ok(file) => {
                 return ObjectFile {
                     id,
@@ -86,7 +90,7 @@ impl ObjectFile {
                     file: Ok(file),
                 };
             }
-            Err(e) => errors.push(format!("{}: {e}", via_map_files.display())),
+            Err(e) => errors.push(e.to_string()),
         }
         ObjectFile {
             id,

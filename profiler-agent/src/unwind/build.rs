@@ -135,8 +135,7 @@ fn debug_file_rows(
     file: &object::File<'_>,
     search: &DebugSearch<'_>,
 ) -> Option<(ObjectTable, CfiStats, TableSource)> {
-    let path = crate::symbolize::dwarf::find_debug_file(file, search.root, search.path)?;
-    let handle = std::fs::File::open(path).ok()?;
+    let (_, handle) = crate::symbolize::dwarf::find_debug_file(file, search.root, search.path)?;
     // SAFETY: a read-only private mapping of a file we only read (see
     // symbolize::map_file for the truncation caveat).
     let map = unsafe { memmap2::Mmap::map(&handle) }.ok()?;

@@ -8,6 +8,7 @@ mod bpf_stats;
 mod codec;
 mod continuous;
 mod growth;
+mod listener;
 mod overhead;
 mod process;
 mod profilers;
@@ -160,6 +161,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     attempt(
         "encoding",
         codec::encoding(&env, &plan).map(|r| results.encoding = Some(r)),
+    );
+    attempt(
+        "listener",
+        listener::run(&env, &plan).map(|r| results.listener = Some(r)),
     );
     results.continuous = continuous::run(&env, &plan);
     errors.append(&mut results.continuous.errors);

@@ -1,16 +1,33 @@
 //! Finding separate debug files, as gdb does: by GNU build id under
 //! `/usr/lib/debug/.build-id/xx/rest.debug`, then by `.gnu_debuglink`
 //! (name + CRC32) next to the binary, in its `.debug/` folder, and under
-//! `/usr/lib/debug/<binary's directory>`. Paths are searched inside the
-//! root the binary was found in (a container's `/proc/PID/root`).
+//! `/usr/lib/debug/<binary's directory>`. Paths are resolved inside the
+//! root the binary was found in (a container's `/proc/PID/root`: see
+//! `process::contained`, which also refuses anything but regular files of
+//! bounded size), and a debuglink's CRC is computed streaming, over at most
+//! `MAX_CRC_BYTES`.
 
+use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSection};
 
+use crate::process::contained;
+
+/// Largest debuglink candidate whose CRC is computed (a debug file larger
+/// than this is not used; a sparse terabyte named by a hostile binary costs
+/// nothing).
+const MAX_CRC_BYTES: u64 = 4 << 30;
+
 /// The separate debug file for the object `file` at `path` (as its process
-/// sees it) below `root`, if one exists and matches.
-pub fn find_debug_file(file: &object::File<'_>, root: &Path, path: &Path) -> Option<PathBuf> {
+/// sees it) below `root`, if one exists and matches: its path (for
+/// messages) and the open file.
+pub fn find_debug_file(
+    file: &object::File<'_>,
+    root: &Path,
+    path: &Path,
+) -> Option<(PathBuf, File)> {
     let inside = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
     if let Ok(Some(id)) = file.build_id()
         && id.len() >= 2
@@ -21,8 +38,8 @@ pub fn find_debug_file(file: &object::File<'_>, root: &Path, path: &Path) -> Opt
                 .join(&hex[..2])
                 .join(format!("{}.debug", &hex[2..])),
         );
-        if candidate.is_file() {
-            return Some(candidate);
+        if let Ok(opened) = contained::open(&candidate) {
+            return Some((candidate, opened));
         }
     }
     let (name, crc) = debuglink(file)?;
@@ -39,7 +56,15 @@ pub fn find_debug_file(file: &object::File<'_>, root: &Path, path: &Path) -> Opt
         .map(|c| inside(c))
         // The debuglink names a file; do not pick the binary itself.
         .filter(|c| c.as_path() != inside(path).as_path())
-        .find(|c| std::fs::read(c).is_ok_and(|bytes| crc32(&bytes) == crc))
+        .find_map(|c| {
+            let mut opened = contained::open(&c).ok()?;
+            let size = opened.metadata().ok()?.len();
+            if size > MAX_CRC_BYTES || crc32_of(&mut opened)? != crc {
+                return None;
+            }
+            // The CRC read moved the file position; mappings ignore it.
+            Some((c, opened))
+        })
 }
 
 /// `.gnu_debuglink`: a NUL-terminated file name, padding to 4 bytes, then
@@ -58,8 +83,16 @@ fn debuglink(file: &object::File<'_>) -> Option<(String, u32)> {
     (!name.is_empty() && !name.contains('/')).then_some((name, crc))
 }
 
-fn crc32(bytes: &[u8]) -> u32 {
+/// CRC32 of a whole file, read in 1 MiB pieces (never held whole).
+fn crc32_of(file: &mut File) -> Option<u32> {
     let mut crc = flate2::Crc::new();
-    crc.update(bytes);
-    crc.sum()
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buffer) {
+            Ok(0) => return Some(crc.sum()),
+            Ok(n) => crc.update(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
 }
