@@ -7,6 +7,7 @@
 #![no_std]
 
 pub mod latency;
+pub mod offcpu;
 pub mod unwind;
 
 /// Deepest kernel stack for one sample. It matches the kernel's default
@@ -19,8 +20,8 @@ pub const MAX_STACK_DEPTH: usize = 127;
 /// reads, so the bound is also a cost bound.
 pub const MAX_USER_FRAMES: usize = 1024;
 
-/// Size of the sample ring buffer. Records are variable-length (a 40-byte
-/// header and 8 bytes a frame: 30 user and 10 kernel frames take 360
+/// Size of the sample ring buffer. Records are variable-length (a 72-byte
+/// header and 8 bytes a frame: 30 user and 10 kernel frames take 392
 /// bytes): 8 MiB holds over 20,000 of them, seconds of 64 busy CPUs at
 /// 100 Hz for a drain loop that wakes every 100 ms.
 pub const RING_BUFFER_BYTES: u32 = 8 << 20;
@@ -31,7 +32,9 @@ pub const MAX_PID_FILTER: u32 = 1024;
 /// Frames of both stacks of one sample together.
 pub const MAX_SAMPLE_FRAMES: usize = MAX_STACK_DEPTH + MAX_USER_FRAMES;
 
-/// One stack sample, written by the BPF program into the ring buffer.
+/// One stack sample, written by the BPF programs into the ring buffer: a
+/// CPU sample (`kind` is `SAMPLE_KIND_CPU`) or one off-CPU interval of a
+/// thread (`SAMPLE_KIND_OFF_CPU`, see `offcpu`).
 ///
 /// `frames` holds the kernel stack (`kernel_frames` entries, leaf first),
 /// then the user stack (`user_frames` entries, leaf first). The ring-buffer
@@ -54,7 +57,25 @@ pub struct Sample {
     pub flags: u16,
     /// How the user stack walk ended: `unwind::UserStackEnd` as a byte.
     pub user_end: u8,
-    pub _pad: u8,
+    /// `SAMPLE_KIND_*`.
+    pub kind: u8,
+    /// Off-CPU: nanoseconds from the switch-out to the switch-in (summed
+    /// over `intervals`). 0 for CPU samples.
+    pub off_cpu_ns: u64,
+    /// Off-CPU: the part of `off_cpu_ns` the thread spent runnable, waiting
+    /// for a CPU (from its wakeup, or all of it when it was preempted).
+    pub runq_ns: u64,
+    /// Off-CPU: the off-CPU time this record stands for. Intervals shorter
+    /// than the sampling period are recorded with probability
+    /// interval / period and then stand for one period; longer ones stand
+    /// for themselves (see `offcpu`).
+    pub weight_ns: u64,
+    /// Off-CPU: the task state at the switch-out (`offcpu::TASK_*`; 0 when
+    /// it was preempted, runnable).
+    pub task_state: u32,
+    /// Off-CPU: intervals merged into this record (a system call that
+    /// blocked more than once before returning).
+    pub intervals: u32,
     pub frames: [u64; MAX_SAMPLE_FRAMES],
 }
 
@@ -80,6 +101,11 @@ impl Sample {
         &self.frames[k..k + u]
     }
 }
+
+/// `Sample::kind` of a CPU-clock sample.
+pub const SAMPLE_KIND_CPU: u8 = 0;
+/// `Sample::kind` of an off-CPU interval.
+pub const SAMPLE_KIND_OFF_CPU: u8 = 1;
 
 /// The sample interrupted kernel code (the kernel stack is non-empty).
 pub const SAMPLE_FLAG_IN_KERNEL: u16 = 1 << 0;
@@ -136,13 +162,27 @@ pub enum Counter {
     /// User frames unwound through a signal frame (registers from the
     /// signal's ucontext).
     SignalFrames = 10,
+    /// Off-CPU: a traced thread left its CPU (blocked or preempted).
+    OffCpuSwitches = 11,
+    /// Off-CPU: intervals shorter than the minimum, not recorded.
+    OffCpuShort = 12,
+    /// Off-CPU: intervals shorter than the sampling period left out by
+    /// the weighted draw (the recorded ones stand for them).
+    OffCpuUnsampled = 13,
+    /// Off-CPU: records written to the ring buffer.
+    OffCpuSent = 14,
+    /// Off-CPU: intervals lost because their stack could not be kept
+    /// until the thread ran again (the pending map was full).
+    OffCpuLost = 15,
+    /// Off-CPU: records lost to a full ring buffer.
+    OffCpuRingBufferFull = 16,
 }
 
 /// Number of `Counter` slots.
-pub const COUNTER_SLOTS: u32 = 16;
+pub const COUNTER_SLOTS: u32 = 32;
 
 impl Counter {
-    pub const ALL: [Counter; 11] = [
+    pub const ALL: [Counter; 17] = [
         Counter::Fired,
         Counter::Idle,
         Counter::FilteredOut,
@@ -154,6 +194,12 @@ impl Counter {
         Counter::FramesFromTables,
         Counter::FramesUnsupportedCfi,
         Counter::SignalFrames,
+        Counter::OffCpuSwitches,
+        Counter::OffCpuShort,
+        Counter::OffCpuUnsampled,
+        Counter::OffCpuSent,
+        Counter::OffCpuLost,
+        Counter::OffCpuRingBufferFull,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -169,6 +215,12 @@ impl Counter {
             Counter::FramesFromTables => "frames_from_tables",
             Counter::FramesUnsupportedCfi => "frames_unsupported_cfi",
             Counter::SignalFrames => "signal_frames",
+            Counter::OffCpuSwitches => "off_cpu_switches",
+            Counter::OffCpuShort => "off_cpu_short",
+            Counter::OffCpuUnsampled => "off_cpu_unsampled",
+            Counter::OffCpuSent => "off_cpu_sent",
+            Counter::OffCpuLost => "off_cpu_lost",
+            Counter::OffCpuRingBufferFull => "off_cpu_ring_buffer_full",
         }
     }
 }
@@ -185,6 +237,8 @@ mod pod {
     unsafe impl aya::Pod for super::Sample {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::UserRegs {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::offcpu::OffCpuThread {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::unwind::UnwindRowBlock {}
     // SAFETY: as above.

@@ -23,6 +23,16 @@ mod layout {
     /// No pointer authentication: return addresses are plain.
     pub const ADDRESS_MASK: u64 = u64::MAX;
 
+    /// orig_ax: the system call number, or negative (an interrupt's
+    /// vector, -1) — but a page fault stores its error code there too.
+    pub const SYSCALL_NR: usize = 15 * 8;
+    /// cx and r11: the `syscall` instruction leaves the return address in
+    /// rcx and the flags in r11, and entry_SYSCALL_64 saves both, so a
+    /// frame entered by `syscall` has cx == ip and r11 == flags (the
+    /// kernel's own test for returning with SYSRET).
+    pub const SYSCALL_CX: Option<(usize, usize)> = Some((11 * 8, 6 * 8));
+    pub const FLAGS: usize = 18 * 8;
+
     /// Registers in a signal frame, from the SP of its trampoline frame
     /// (`__restore_rt`): the handler's `ret` popped `rt_sigframe.pretcode`,
     /// so SP points at its `struct ucontext`, whose `uc_mcontext` (struct
@@ -50,6 +60,12 @@ mod layout {
     /// virtual address size; user addresses fit in 48 bits unless a
     /// process asks for more (which the kernel only grants on request).
     pub const ADDRESS_MASK: u64 = (1 << 48) - 1;
+
+    /// syscallno (s32, after orig_x0): NO_SYSCALL (-1) for every entry
+    /// from user mode but `svc`.
+    pub const SYSCALL_NR: usize = 34 * 8 + 8;
+    pub const SYSCALL_CX: Option<(usize, usize)> = None;
+    pub const FLAGS: usize = 33 * 8; // pstate
 
     /// Registers in a signal frame, from the SP of its trampoline frame
     /// (`__kernel_rt_sigreturn`): the handler ran with SP at `struct
@@ -91,6 +107,32 @@ fn read_at(base: *const u8, offset: usize) -> u64 {
     // SAFETY: bpf_probe_read_kernel validates the address; a failed read
     // yields 0, which the unwinder treats as "unknown".
     unsafe { bpf_probe_read_kernel(base.add(offset).cast::<u64>()) }.unwrap_or(0)
+}
+
+/// Whether the current task entered the kernel by a system call it is
+/// still in (not by an interrupt or an exception from user mode), from its
+/// saved user registers.
+#[inline(always)]
+pub fn in_system_call() -> bool {
+    // SAFETY: as in user_regs.
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+    if regs.is_null() {
+        return false;
+    }
+    #[cfg(bpf_target_arch = "x86_64")]
+    let nr = read_at(regs, layout::SYSCALL_NR) as i64;
+    #[cfg(bpf_target_arch = "aarch64")]
+    let nr = read_at(regs, layout::SYSCALL_NR) as u32 as i32 as i64;
+    if nr < 0 {
+        return false;
+    }
+    match layout::SYSCALL_CX {
+        Some((cx, r11)) => {
+            read_at(regs, cx) == read_at(regs, layout::PC)
+                && read_at(regs, r11) == read_at(regs, layout::FLAGS)
+        }
+        None => true,
+    }
 }
 
 /// The current task's user-space registers.

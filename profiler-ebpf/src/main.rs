@@ -1,4 +1,5 @@
-//! BPF side of the profiler: one program on a CPU-clock perf event per CPU.
+//! BPF side of the profiler: one program on a CPU-clock perf event per CPU,
+//! and the scheduler tracepoints of off-CPU profiling (`offcpu`).
 //!
 //! Each sample is streamed to user space through a ring buffer: the kernel
 //! stack (`bpf_get_stack`), the user stack walked by our own unwinder
@@ -11,6 +12,7 @@
 #![no_main]
 
 mod arch;
+mod offcpu;
 mod unwind;
 
 use aya_ebpf::{
@@ -23,7 +25,8 @@ use aya_ebpf::{
 };
 use profiler_common::{
     COUNTER_SLOTS, Counter, MAX_PID_FILTER, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
-    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING, Sample,
+    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING,
+    SAMPLE_KIND_CPU, Sample,
 };
 
 /// Set by the loader: non-zero means "only pids in `PID_FILTER`". A
@@ -47,7 +50,7 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS,
 #[map]
 static SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
 
-const KERNEL_STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
+pub(crate) const KERNEL_STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
 
 #[perf_event]
 pub fn sample_stack(ctx: PerfEventContext) -> u32 {
@@ -75,10 +78,7 @@ fn record_sample(ctx: &PerfEventContext) {
         bump(Counter::Idle);
         return;
     }
-    // SAFETY: reading a read-only global the loader initialised.
-    let filter = unsafe { core::ptr::read_volatile(&FILTER_PIDS) };
-    // SAFETY: the value is only tested for presence.
-    if filter != 0 && unsafe { PID_FILTER.get(&pid) }.is_none() {
+    if !traced(pid) {
         bump(Counter::FilteredOut);
         return;
     }
@@ -108,7 +108,8 @@ fn record_sample(ctx: &PerfEventContext) {
             flags |= SAMPLE_FLAG_IN_KERNEL;
         }
         let regs = arch::user_regs();
-        let walk = unwind::walk_user_stack(pid, &regs, sample, kernel_frames);
+        let walk =
+            unwind::walk_user_stack(unwind::WALK_SAMPLING, pid, &regs, sample, kernel_frames);
         let (user_frames, user_end) = (walk.frames, walk.end);
         if walk.unknown_leaf {
             flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
@@ -122,7 +123,12 @@ fn record_sample(ctx: &PerfEventContext) {
         (*sample).user_frames = user_frames as u16;
         (*sample).flags = flags;
         (*sample).user_end = user_end as u8;
-        (*sample)._pad = 0;
+        (*sample).kind = SAMPLE_KIND_CPU;
+        (*sample).off_cpu_ns = 0;
+        (*sample).runq_ns = 0;
+        (*sample).weight_ns = 0;
+        (*sample).task_state = 0;
+        (*sample).intervals = 0;
 
         let frames = ((kernel_frames + user_frames) as usize).min(MAX_SAMPLE_FRAMES);
         let bytes = core::slice::from_raw_parts(sample.cast::<u8>(), Sample::record_len(frames));
@@ -132,19 +138,33 @@ fn record_sample(ctx: &PerfEventContext) {
         // A sample in code mapped since the agent last read the process's
         // maps wakes it at once: until it reads them again and loads that
         // code's table, the process's stacks there are cut.
-        let wakeup = if walk.unknown_leaf
-            || SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > (RING_BUFFER_BYTES / 4) as u64
-        {
-            BPF_RB_FORCE_WAKEUP
-        } else {
-            BPF_RB_NO_WAKEUP
-        };
-        if SAMPLES.output::<[u8]>(bytes, wakeup as u64).is_ok() {
+        if send(bytes, walk.unknown_leaf) {
             bump(Counter::Sent);
         } else {
             bump(Counter::RingBufferFull);
         }
     }
+}
+
+/// Whether process `pid` passes the `--pid` filter.
+#[inline(always)]
+pub(crate) fn traced(pid: u32) -> bool {
+    // SAFETY: reading a read-only global the loader initialised.
+    let filter = unsafe { core::ptr::read_volatile(&FILTER_PIDS) };
+    // SAFETY: the value is only tested for presence.
+    filter == 0 || unsafe { PID_FILTER.get(&pid) }.is_some()
+}
+
+/// Copies one record into the ring buffer; false when it is full.
+#[inline(always)]
+pub(crate) fn send(bytes: &[u8], wake_now: bool) -> bool {
+    let wakeup =
+        if wake_now || SAMPLES.query(BPF_RB_AVAIL_DATA as u64) > (RING_BUFFER_BYTES / 4) as u64 {
+            BPF_RB_FORCE_WAKEUP
+        } else {
+            BPF_RB_NO_WAKEUP
+        };
+    SAMPLES.output::<[u8]>(bytes, wakeup as u64).is_ok()
 }
 
 #[cfg(not(test))]

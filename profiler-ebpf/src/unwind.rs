@@ -86,8 +86,15 @@ struct WalkState {
     unknown_leaf: u32,
 }
 
+/// One walk state per context that can walk on a CPU at once: the
+/// perf-event program (`WALK_SAMPLING`) can interrupt a scheduler
+/// tracepoint's walk (`WALK_SCHEDULER`), whose programs run with
+/// preemption off and so never interrupt each other.
 #[map]
-static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(1, 0);
+static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(2, 0);
+
+pub const WALK_SAMPLING: u32 = 0;
+pub const WALK_SCHEDULER: u32 = 1;
 
 /// What each loop step needs, passed through `bpf_loop`'s context pointer.
 #[repr(C)]
@@ -106,9 +113,16 @@ pub struct Walk {
 }
 
 /// Walks the current task's user stack into `sample.frames`, after the
-/// `kernel_frames` kernel frames already there.
+/// `kernel_frames` kernel frames already there, with the walk state of
+/// context `slot` (`WALK_*`).
 #[inline(always)]
-pub fn walk_user_stack(pid: u32, regs: &UserRegs, sample: *mut Sample, kernel_frames: u32) -> Walk {
+pub fn walk_user_stack(
+    slot: u32,
+    pid: u32,
+    regs: &UserRegs,
+    sample: *mut Sample,
+    kernel_frames: u32,
+) -> Walk {
     let nothing = Walk {
         frames: 0,
         end: UserStackEnd::None,
@@ -118,7 +132,7 @@ pub fn walk_user_stack(pid: u32, regs: &UserRegs, sample: *mut Sample, kernel_fr
     if regs.pc == 0 || regs.pc >= arch::USER_LIMIT {
         return nothing;
     }
-    let Some(state) = WALK.get_ptr_mut(0) else {
+    let Some(state) = WALK.get_ptr_mut(slot) else {
         return nothing;
     };
     // SAFETY: this CPU's walk state, used only by this program run.

@@ -318,15 +318,30 @@ fn separate_debug_file_by_build_id() {
         .status()
         .unwrap();
     assert!(status.success());
-    let found =
-        profiler_agent::symbolize::dwarf::find_debug_file(&file, &root, Path::new("/usr/bin/app"))
+    // The binary as a process inside `root` maps it, with that root held
+    // open (as the agent holds a process's) or only named.
+    let object = |root: &Path, held: bool| profiler_agent::process::ObjectFile {
+        id: profiler_agent::process::ObjectId {
+            dev: (0, 0),
+            inode: 1,
+        },
+        path: PathBuf::from("/usr/bin/app"),
+        root: root.to_path_buf(),
+        root_dir: held
+            .then(|| profiler_agent::process::contained::Root::open(root).ok())
+            .flatten()
+            .map(std::sync::Arc::new),
+        file: Err("not needed".into()),
+    };
+    for held in [true, false] {
+        let found = profiler_agent::symbolize::dwarf::find_debug_file(&file, &object(&root, held))
             .map(|(path, _)| path);
-    assert_eq!(found, Some(debug));
-    let found: Option<PathBuf> = profiler_agent::symbolize::dwarf::find_debug_file(
-        &file,
-        &dir.path().join("empty"),
-        Path::new("/usr/bin/app"),
-    )
-    .map(|(path, _)| path);
-    assert_eq!(found, None);
+        assert_eq!(found.as_ref(), Some(&debug), "root held open: {held}");
+        let empty = dir.path().join("empty");
+        std::fs::create_dir_all(&empty).unwrap();
+        let found: Option<PathBuf> =
+            profiler_agent::symbolize::dwarf::find_debug_file(&file, &object(&empty, held))
+                .map(|(path, _)| path);
+        assert_eq!(found, None, "root held open: {held}");
+    }
 }

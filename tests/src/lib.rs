@@ -608,6 +608,37 @@ impl Background {
         self.child.id()
     }
 
+    /// Waits up to `timeout` for it to exit by itself (killed after that,
+    /// failing the test) and collects the output.
+    pub fn wait_exit(mut self, timeout: Duration) -> Finished {
+        let deadline = std::time::Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "{} did not exit within {timeout:?}: stderr {:?}",
+                    self.name,
+                    self.stderr.lock().unwrap()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        for reader in self.readers.drain(..) {
+            reader.join().unwrap();
+        }
+        let stdout = self.stdout.lock().unwrap().clone();
+        let stderr = self.stderr.lock().unwrap().clone();
+        Finished {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+
     /// Sends SIGINT (Ctrl-C) and collects the output.
     pub fn interrupt(mut self) -> Finished {
         let status = Command::new("kill")

@@ -56,6 +56,7 @@ enum Command {
 }
 
 #[derive(Debug, Clone, Args)]
+#[command(group = clap::ArgGroup::new("off_cpu_mode").args(["off_cpu", "wall"]).multiple(true))]
 pub struct RecordArgs {
     /// Profile only this process, all its threads (repeat for several).
     /// Without --pid, every process on the machine.
@@ -92,6 +93,46 @@ pub struct RecordArgs {
     #[arg(long, default_value_t = 64, value_name = "MIB",
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_mib: u64,
+
+    /// Also record where threads wait: time off the CPU (blocked on sleep,
+    /// locks, network, disk, page faults; and runnable, waiting for a CPU)
+    /// with its stacks, labelled `wait=<reason>`. pprof gets the sample
+    /// type off_cpu/nanoseconds beside the CPU ones; folded stacks and SVG
+    /// count microseconds off-CPU.
+    #[arg(long)]
+    pub off_cpu: bool,
+
+    /// One wall-clock profile: CPU samples as time plus off-CPU time, so
+    /// each thread's stacks add up to its lifetime in the profile (pprof
+    /// sample type wall/nanoseconds; folded and SVG in microseconds).
+    #[arg(long)]
+    pub wall: bool,
+
+    /// Off-CPU intervals shorter than this are not recorded.
+    #[arg(long, default_value = "1us", value_name = "DURATION",
+          value_parser = humantime::parse_duration, requires = "off_cpu_mode")]
+    pub off_cpu_min: Duration,
+
+    /// Sampling period of off-CPU time: shorter intervals are recorded with
+    /// probability interval/period and then stand for one period, so stack
+    /// walks per second stay bounded (default: one CPU sampling period,
+    /// 10ms at 100 Hz; 0 records every interval).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          requires = "off_cpu_mode")]
+    pub off_cpu_period: Option<Duration>,
+}
+
+impl RecordArgs {
+    /// The off-CPU settings, when off-CPU time is recorded.
+    pub fn off_cpu_config(&self) -> Option<crate::sampling::OffCpuConfig> {
+        (self.off_cpu || self.wall).then(|| crate::sampling::OffCpuConfig {
+            min: self.off_cpu_min,
+            period: self
+                .off_cpu_period
+                .unwrap_or(Duration::from_nanos(1_000_000_000 / self.frequency.max(1))),
+            wall: self.wall,
+        })
+    }
 }
 
 fn output_path(text: &str) -> Result<PathBuf, String> {

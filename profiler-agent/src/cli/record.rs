@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::profile::Format;
+use crate::profile::{Format, Profile, ProfileKind};
 use crate::record::{Recorder, Recording, build_profile};
 use crate::sampling::{SamplingConfig, check_privileges};
 
@@ -39,6 +39,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         pids: pids.clone(),
         unwind_tables: !args.frame_pointers_only,
         unwind_table_bytes: args.unwind_table_mib << 20,
+        off_cpu: args.off_cpu_config(),
     };
     let mut recorder = Recorder::start(&config)?;
     let status = !args.quiet && std::io::stderr().is_terminal();
@@ -48,8 +49,16 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         format!("pid {}", join(&pids))
     };
     if !args.quiet {
+        let what = match &config.off_cpu {
+            None => String::new(),
+            Some(off_cpu) => format!(
+                " and off-CPU time (intervals from {}, sampled per {})",
+                humantime::format_duration(off_cpu.min),
+                humantime::format_duration(off_cpu.period)
+            ),
+        };
         eprintln!(
-            "profiling {scope} at {} Hz on {} CPUs for {} (Ctrl-C to stop early)",
+            "profiling {scope} at {} Hz{what} on {} CPUs for {} (Ctrl-C to stop early)",
             args.frequency,
             recorder_cpus(&recorder),
             humantime::format_duration(args.duration)
@@ -77,14 +86,16 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     if all_exited && !args.quiet {
         eprintln!("every profiled process exited; stopping early");
     }
-    check_target_samples(&pids, &recording)?;
+    if recording.kind == crate::profile::ProfileKind::Cpu {
+        check_target_samples(&pids, &recording)?;
+    }
 
     let profile = build_profile(&mut recording);
     let bytes = format
         .encode(&profile)
         .with_context(|| format!("encoding the {}", format.name()))?;
     write_output(&args.output, &bytes)?;
-    report(&recording, &args.output, format, profile.total_samples());
+    report(&recording, &args.output, format, &profile);
     Ok(())
 }
 
@@ -190,15 +201,26 @@ fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
-fn report(recording: &Recording, output: &Path, format: Format, samples_written: u64) {
+fn report(recording: &Recording, output: &Path, format: Format, profile: &Profile) {
     let c = &recording.counters;
     let symbolizer = &recording.symbolizer;
     let s = &symbolizer.stats;
+    let off_cpu = match recording.kind {
+        ProfileKind::Cpu => String::new(),
+        ProfileKind::OffCpu | ProfileKind::Wall => format!(
+            " and {:.3}s off-CPU",
+            profile.total_off_cpu_ns() as f64 / 1e9
+        ),
+    };
+    let unit = match (recording.kind, format) {
+        (ProfileKind::Cpu, _) | (_, Format::Pprof) => String::new(),
+        (kind, _) => format!("; stacks count {}", kind.view_unit()),
+    };
     eprintln!(
-        "wrote {} ({}): {} samples from {} processes in {:.1}s",
+        "wrote {} ({}): {} samples{off_cpu} from {} processes in {:.1}s{unit}",
         output.display(),
         format.name(),
-        samples_written,
+        profile.total_samples(),
         recording.processes.len(),
         recording.elapsed.as_secs_f64(),
     );
@@ -223,6 +245,23 @@ fn report(recording: &Recording, output: &Path, format: Format, samples_written:
         "  user stacks: {}",
         user_stack_summary(&recording.user_stack_ends)
     );
+    if recording.kind != ProfileKind::Cpu {
+        let o = &recording.off_cpu;
+        eprintln!(
+            "  off-CPU: {} switches traced; {} intervals recorded ({:.3}s blocked, {:.3}s waiting \
+             for a CPU), {} shorter than --off-cpu-min, {} left out by sampling (the recorded \
+             ones stand for them), {} lost (no room to keep the stack), {} lost (ring buffer \
+             full)",
+            c.off_cpu_switches,
+            o.intervals,
+            o.blocked_ns as f64 / 1e9,
+            o.runq_ns as f64 / 1e9,
+            c.off_cpu_short,
+            c.off_cpu_unsampled,
+            c.off_cpu_lost,
+            c.off_cpu_ring_buffer_full,
+        );
+    }
     eprintln!(
         "  symbols: {} objects read, {} unreadable; addresses named {} user + {} kernel, \
          unnamed {} user + {} kernel",

@@ -78,6 +78,15 @@ pub struct RunArgs {
     /// Kernel memory for unwind tables, MiB [default: 64].
     #[arg(long, env = "PROFILER_AGENT_UNWIND_TABLE_MIB", value_name = "MIB")]
     pub unwind_table_mib: Option<u64>,
+    /// Also record off-CPU time: where threads wait [default: false].
+    #[arg(long, env = "PROFILER_AGENT_OFF_CPU", value_name = "BOOL")]
+    pub off_cpu: Option<bool>,
+    /// Off-CPU intervals shorter than this are not recorded [default: 1us].
+    #[arg(long, env = "PROFILER_AGENT_OFF_CPU_MIN", value_parser = humantime::parse_duration)]
+    pub off_cpu_min: Option<Duration>,
+    /// Off-CPU sampling period [default: 10ms].
+    #[arg(long, env = "PROFILER_AGENT_OFF_CPU_PERIOD", value_parser = humantime::parse_duration)]
+    pub off_cpu_period: Option<Duration>,
     /// Restart the sampler above this many tracked processes [default: 4096].
     #[arg(long, env = "PROFILER_AGENT_MAX_PROCESSES")]
     pub max_processes: Option<usize>,
@@ -208,6 +217,9 @@ impl RunArgs {
             log_format: self.log_format,
             frame_pointers_only: self.frame_pointers_only,
             unwind_table_mib: self.unwind_table_mib,
+            off_cpu: self.off_cpu,
+            off_cpu_min: self.off_cpu_min,
+            off_cpu_period: self.off_cpu_period,
             max_processes: self.max_processes,
             max_objects: self.max_objects,
             directory_path: self.directory_path.clone(),

@@ -22,7 +22,9 @@ use crate::export::server::{PullRequest, Server};
 use crate::export::{Batch, ExporterHandle, Metrics, ServiceProfile};
 use crate::process::ProcessTable;
 use crate::profile::Profile;
-use crate::record::{ProfileWindow, Recorder, Recording, StackKey, Window, build_profile_of};
+use crate::record::{
+    ProfileWindow, Recorder, Recording, StackCounts, StackKey, Window, build_profile_of,
+};
 use crate::sampling::{KernelCounters, SamplingConfig, SamplingError};
 
 use super::config::Config;
@@ -60,7 +62,7 @@ pub struct RunSummary {
 /// Counted stacks since `started`.
 struct Accumulator {
     started: SystemTime,
-    stacks: HashMap<StackKey, u64>,
+    stacks: HashMap<StackKey, StackCounts>,
 }
 
 impl Accumulator {
@@ -118,6 +120,7 @@ struct Totals {
     tables_dropped: u64,
     queue_dropped: u64,
     user_stack_ends: crate::record::UserStackEnds,
+    off_cpu: crate::record::OffCpuTotals,
 }
 
 impl Totals {
@@ -132,6 +135,7 @@ impl Totals {
             tables_dropped: recording.unwind_tables.tables_dropped,
             queue_dropped: recording.queue_dropped,
             user_stack_ends: recording.user_stack_ends,
+            off_cpu: recording.off_cpu,
         }
     }
 
@@ -149,6 +153,7 @@ impl Totals {
                 ends += other.user_stack_ends;
                 ends
             },
+            off_cpu: self.off_cpu + other.off_cpu,
         }
     }
 }
@@ -186,6 +191,11 @@ impl Agent {
             pids: config.pids.clone(),
             unwind_tables: !config.frame_pointers_only,
             unwind_table_bytes: config.unwind_table_mib << 20,
+            off_cpu: config.off_cpu.then_some(crate::sampling::OffCpuConfig {
+                min: config.off_cpu_min,
+                period: config.off_cpu_period,
+                wall: false,
+            }),
         };
         let recorder = Recorder::start(&sampling)?;
         let (pull_tx, pull_requests) = std::sync::mpsc::channel();
@@ -310,10 +320,12 @@ impl Agent {
         self.merge(window.stacks);
     }
 
-    fn merge(&mut self, stacks: HashMap<StackKey, u64>) {
+    fn merge(&mut self, stacks: HashMap<StackKey, StackCounts>) {
         for (key, count) in stacks {
             if !self.meta.selected(key.pid, &self.selection) {
-                self.metrics.samples_unselected.fetch_add(count, Relaxed);
+                self.metrics
+                    .samples_unselected
+                    .fetch_add(count.samples, Relaxed);
                 continue;
             }
             for pull in &mut self.pulls {
@@ -346,6 +358,7 @@ impl Agent {
                 &self.node,
                 pull.accumulator,
                 self.config.frequency_hz,
+                self.config.profile_kind(),
             );
             let _ = pull.reply.send(bytes);
         }
@@ -439,6 +452,7 @@ impl Agent {
                 &self.node,
                 pull.accumulator,
                 self.config.frequency_hz,
+                self.config.profile_kind(),
             );
             let _ = pull.reply.send(bytes);
         }
@@ -484,6 +498,18 @@ impl Agent {
         m.kernel_user_stack_truncated
             .store(t.kernel.user_stack_truncated, Relaxed);
         m.samples_received.store(t.samples, Relaxed);
+        m.off_cpu_switches.store(t.kernel.off_cpu_switches, Relaxed);
+        let lost = t.kernel.off_cpu_lost + t.kernel.off_cpu_ring_buffer_full;
+        for (slot, value) in m.off_cpu_intervals.iter().zip([
+            t.off_cpu.intervals,
+            t.kernel.off_cpu_short,
+            t.kernel.off_cpu_unsampled,
+            lost,
+        ]) {
+            slot.store(value, Relaxed);
+        }
+        m.off_cpu_blocked_ns.store(t.off_cpu.blocked_ns, Relaxed);
+        m.off_cpu_runqueue_ns.store(t.off_cpu.runq_ns, Relaxed);
         m.symbolize_objects_failed.store(t.objects_failed, Relaxed);
         m.symbolize_user_unresolved
             .store(t.user_unresolved, Relaxed);
@@ -599,8 +625,9 @@ fn export_window(
             .duration_since(accumulator.started)
             .unwrap_or_default(),
         frequency_hz: config.frequency_hz,
+        kind: config.profile_kind(),
     };
-    let mut groups: HashMap<String, HashMap<StackKey, u64>> = HashMap::new();
+    let mut groups: HashMap<String, HashMap<StackKey, StackCounts>> = HashMap::new();
     for (key, count) in accumulator.stacks {
         let service = meta.service(key.pid);
         groups.entry(service).or_default().insert(key, count);
@@ -734,6 +761,7 @@ fn pull_profile(
     node: &str,
     accumulator: Accumulator,
     frequency_hz: u64,
+    kind: crate::profile::ProfileKind,
 ) -> Result<Vec<u8>, String> {
     let window = Window {
         profile: ProfileWindow {
@@ -742,6 +770,7 @@ fn pull_profile(
                 .duration_since(accumulator.started)
                 .unwrap_or_default(),
             frequency_hz,
+            kind,
         },
         stacks: accumulator.stacks,
     };

@@ -63,6 +63,12 @@ pub struct Config {
     /// Kernel memory for unwind-table rows, in MiB (allocated at start;
     /// beyond it the least recently sampled tables are evicted).
     pub unwind_table_mib: u64,
+    /// Also record off-CPU time (see `sampling::OffCpuConfig`).
+    pub off_cpu: bool,
+    #[serde(with = "humantime_serde_compat")]
+    pub off_cpu_min: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub off_cpu_period: Duration,
     /// Above this many tracked processes (or `max_objects` open object
     /// files), the sampler is restarted at the next window boundary so
     /// every cache starts empty again: a bound on memory.
@@ -195,6 +201,9 @@ impl Default for Config {
             log_format: LogFormat::Text,
             frame_pointers_only: false,
             unwind_table_mib: crate::sampling::DEFAULT_UNWIND_TABLE_BYTES >> 20,
+            off_cpu: false,
+            off_cpu_min: crate::sampling::DEFAULT_OFF_CPU_MIN,
+            off_cpu_period: Duration::from_millis(10),
             max_processes: 4096,
             max_objects: 4096,
             directory: DirectoryConfig::default(),
@@ -270,6 +279,9 @@ pub struct Overrides {
     pub log_format: Option<LogFormat>,
     pub frame_pointers_only: Option<bool>,
     pub unwind_table_mib: Option<u64>,
+    pub off_cpu: Option<bool>,
+    pub off_cpu_min: Option<Duration>,
+    pub off_cpu_period: Option<Duration>,
     pub max_processes: Option<usize>,
     pub max_objects: Option<usize>,
     pub directory_path: Option<PathBuf>,
@@ -350,6 +362,9 @@ impl Config {
         set(&mut self.log_format, &o.log_format);
         set(&mut self.frame_pointers_only, &o.frame_pointers_only);
         set(&mut self.unwind_table_mib, &o.unwind_table_mib);
+        set(&mut self.off_cpu, &o.off_cpu);
+        set(&mut self.off_cpu_min, &o.off_cpu_min);
+        set(&mut self.off_cpu_period, &o.off_cpu_period);
         set(&mut self.max_processes, &o.max_processes);
         set(&mut self.max_objects, &o.max_objects);
         let d = &mut self.directory;
@@ -396,6 +411,15 @@ impl Config {
         set(&mut a.kubernetes, &o.auth_kubernetes);
     }
 
+    /// What each window's profiles show.
+    pub fn profile_kind(&self) -> crate::profile::ProfileKind {
+        if self.off_cpu {
+            crate::profile::ProfileKind::OffCpu
+        } else {
+            crate::profile::ProfileKind::Cpu
+        }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |key, message: &str| {
             Err(ConfigError::Invalid {
@@ -408,6 +432,9 @@ impl Config {
         }
         if self.window < Duration::from_secs(1) {
             return invalid("window", "must be at least 1s");
+        }
+        if self.off_cpu_period > Duration::from_secs(3600) {
+            return invalid("off_cpu_period", "must be at most 1h");
         }
         if self.listen_addr().is_err() {
             return invalid(
@@ -561,6 +588,9 @@ mod tests {
             "log_format",
             "frame_pointers_only",
             "unwind_table_mib",
+            "off_cpu",
+            "off_cpu_min",
+            "off_cpu_period",
             "max_processes",
             "max_objects",
         ];

@@ -72,6 +72,13 @@ pub struct Metrics {
     pub requests_forbidden: AtomicU64,
     /// Files refused for a process (not regular, too large, out of root).
     pub files_refused: AtomicU64,
+    /// Off-CPU: switches of traced threads, and what became of the
+    /// intervals (recorded, shorter than the minimum, left out by
+    /// sampling, lost), and the time the recorded ones stand for.
+    pub off_cpu_switches: AtomicU64,
+    pub off_cpu_intervals: [AtomicU64; 4],
+    pub off_cpu_blocked_ns: AtomicU64,
+    pub off_cpu_runqueue_ns: AtomicU64,
     /// Unix seconds of the run loop's last turn (liveness).
     pub heartbeat_unix: AtomicU64,
     pub ready: AtomicBool,
@@ -366,6 +373,38 @@ impl Metrics {
              profiler_agent_unwind_objects_without_table{{reason=\"unreadable\"}} {}",
             l(&self.unwind_objects_no_unwind_info),
             l(&self.unwind_objects_unreadable),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP profiler_agent_off_cpu_switches_total Context switches of traced threads \
+             (off-CPU profiling).\n\
+             # TYPE profiler_agent_off_cpu_switches_total counter\n\
+             profiler_agent_off_cpu_switches_total {}\n\
+             # HELP profiler_agent_off_cpu_intervals_total Off-CPU intervals by what became of \
+             them: recorded, short (below off_cpu_min), unsampled (left out by the weighted draw; \
+             the recorded ones stand for them), lost (no room for the stack, or ring buffer full).\n\
+             # TYPE profiler_agent_off_cpu_intervals_total counter",
+            l(&self.off_cpu_switches)
+        );
+        for (result, value) in ["recorded", "short", "unsampled", "lost"]
+            .iter()
+            .zip(&self.off_cpu_intervals)
+        {
+            let _ = writeln!(
+                out,
+                "profiler_agent_off_cpu_intervals_total{{result=\"{result}\"}} {}",
+                l(value)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP profiler_agent_off_cpu_seconds_total Off-CPU time recorded, by state: \
+             blocked (sleep, locks, I/O) or runqueue (runnable, waiting for a CPU).\n\
+             # TYPE profiler_agent_off_cpu_seconds_total counter\n\
+             profiler_agent_off_cpu_seconds_total{{state=\"blocked\"}} {}\n\
+             profiler_agent_off_cpu_seconds_total{{state=\"runqueue\"}} {}",
+            l(&self.off_cpu_blocked_ns) as f64 / 1e9,
+            l(&self.off_cpu_runqueue_ns) as f64 / 1e9,
         );
         let _ = writeln!(
             out,

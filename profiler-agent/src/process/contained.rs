@@ -116,6 +116,17 @@ pub fn open(path: &Path) -> Result<File, ContainedError> {
     result
 }
 
+/// Opens `path` (as the process sees it) inside a root held open, like
+/// `open` does for `/proc/PID/root/...` paths; works after the process has
+/// exited, as long as its root exists.
+pub fn open_in(root: &Root, path: &Path) -> Result<File, ContainedError> {
+    let result = root.open_file(path, MAX_FILE_BYTES);
+    if let Err(error) = &result {
+        note_refusal(error);
+    }
+    result
+}
+
 /// `open`, then the file mapped read-only (not read whole).
 pub fn map(path: &Path) -> Result<memmap2::Mmap, ContainedError> {
     let file = open(path)?;

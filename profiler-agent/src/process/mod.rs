@@ -209,12 +209,14 @@ impl ProcessTable {
             .unwrap_or_default();
         let maps = std::fs::read_to_string(dir.join("maps"));
         let captured = maps.is_ok();
+        // The process's root, opened for its first new object only.
+        let mut root_dir = None;
         let mut mappings: Vec<Mapping> = maps
             .map(|text| parse_maps(&text))
             .unwrap_or_default()
             .into_iter()
             .filter(|entry| entry.executable)
-            .map(|entry| self.mapping(&dir, &entry))
+            .map(|entry| self.mapping(&dir, &mut root_dir, &entry))
             .collect();
         mappings.sort_by_key(|m| m.start);
         Process {
@@ -226,7 +228,12 @@ impl ProcessTable {
         }
     }
 
-    fn mapping(&mut self, proc_dir: &Path, entry: &MapEntry) -> Mapping {
+    fn mapping(
+        &mut self,
+        proc_dir: &Path,
+        root_dir: &mut Option<Option<Arc<contained::Root>>>,
+        entry: &MapEntry,
+    ) -> Mapping {
         let path = match &entry.backing {
             Backing::File(path) | Backing::Deleted(path) => Some(path.clone()),
             _ => None,
@@ -238,7 +245,16 @@ impl ProcessTable {
             };
             self.objects
                 .entry(id)
-                .or_insert_with(|| Arc::new(ObjectFile::open(proc_dir, entry, path, id)))
+                .or_insert_with(|| {
+                    let root = root_dir
+                        .get_or_insert_with(|| {
+                            contained::Root::open(&proc_dir.join("root"))
+                                .ok()
+                                .map(Arc::new)
+                        })
+                        .clone();
+                    Arc::new(ObjectFile::open(proc_dir, root, entry, path, id))
+                })
                 .clone()
         });
         Mapping {
@@ -250,6 +266,25 @@ impl ProcessTable {
             object,
         }
     }
+}
+
+/// The vDSO of this process: the same image the kernel maps into every
+/// process of this architecture, whose CFI exists only in memory.
+pub fn vdso_image() -> Option<Vec<u8>> {
+    // SAFETY: getauxval only reads the auxiliary vector.
+    let base = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
+    if base == 0 {
+        return None;
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let entry = parse_maps(&maps)
+        .into_iter()
+        .find(|e| e.start == base && e.display_name() == "[vdso]")?;
+    let len = usize::try_from(entry.end - entry.start).ok()?;
+    // SAFETY: [base, base + len) is this process's vDSO mapping, readable
+    // for the life of the process.
+    let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
+    Some(bytes.to_vec())
 }
 
 #[cfg(test)]

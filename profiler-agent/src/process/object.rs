@@ -3,7 +3,9 @@
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use super::contained::Root;
 use super::maps::MapEntry;
 
 /// Identity of a mapped file within one run: the device and inode the
@@ -24,6 +26,10 @@ pub struct ObjectFile {
     /// The process's root directory (`/proc/PID/root`): where `path`, and
     /// separate debug files, are found.
     pub root: PathBuf,
+    /// That root held open (a directory fd), so debug files can still be
+    /// found inside it once the process has exited (symbolization happens
+    /// after the run, or at the end of a window).
+    pub root_dir: Option<Arc<Root>>,
     /// The open file, or why it could not be opened.
     pub file: Result<File, String>,
 }
@@ -46,6 +52,7 @@ impl ObjectFile {
             },
             path: path.to_path_buf(),
             root: PathBuf::from("/"),
+            root_dir: Root::open(Path::new("/")).ok().map(Arc::new),
             file: Ok(file),
         })
     }
@@ -55,7 +62,13 @@ impl ObjectFile {
     /// that root: see `contained`), checked against the inode in the maps
     /// line; else through `/proc/PID/map_files/START-END`, the kernel's link
     /// to the mapped file itself, which also reaches deleted files.
-    pub(super) fn open(proc_dir: &Path, entry: &MapEntry, path: &Path, id: ObjectId) -> Self {
+    pub(super) fn open(
+        proc_dir: &Path,
+        root_dir: Option<Arc<Root>>,
+        entry: &MapEntry,
+        path: &Path,
+        id: ObjectId,
+    ) -> Self {
         let root = proc_dir.join("root");
         let via_root = root.join(path.strip_prefix("/").unwrap_or(path));
         let via_map_files = proc_dir
@@ -70,6 +83,7 @@ impl ObjectFile {
                     id,
                     path: path.to_path_buf(),
                     root,
+                    root_dir,
                     file: Ok(file),
                 };
             }
@@ -87,6 +101,7 @@ impl ObjectFile {
                     id,
                     path: path.to_path_buf(),
                     root,
+                    root_dir,
                     file: Ok(file),
                 };
             }
@@ -96,6 +111,7 @@ impl ObjectFile {
             id,
             path: path.to_path_buf(),
             root,
+            root_dir,
             file: Err(errors.join("; ")),
         }
     }

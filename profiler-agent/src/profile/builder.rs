@@ -30,6 +30,11 @@ impl<L: Hash + Eq, M: Hash + Eq> ProfileBuilder<L, M> {
         }
     }
 
+    /// What the profile's samples measure (CPU by default).
+    pub fn kind(&mut self, kind: super::ProfileKind) {
+        self.profile.kind = kind;
+    }
+
     pub fn function(&mut self, function: Function) -> usize {
         let functions = &mut self.profile.functions;
         *self.functions.entry(function).or_insert_with_key(|f| {

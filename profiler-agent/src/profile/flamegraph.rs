@@ -1,12 +1,24 @@
 //! SVG flame graphs through inferno, from the folded view.
 
-use super::{Profile, folded};
+use inferno::flamegraph::color::{BasicPalette, Palette};
+
+use super::{Profile, ProfileKind, folded};
 
 pub fn encode(profile: &Profile) -> std::io::Result<Vec<u8>> {
     let text = folded::encode(profile);
     let mut options = inferno::flamegraph::Options::default();
-    options.title = "CPU profile".to_string();
-    options.count_name = "samples".to_string();
+    options.count_name = profile.kind.view_unit().to_string();
+    match profile.kind {
+        ProfileKind::Cpu => options.title = "CPU profile".to_string(),
+        ProfileKind::OffCpu => {
+            options.title = "Off-CPU time (blocked and waiting for a CPU)".to_string();
+            // Blue, as flamegraph.pl --colors=io draws off-CPU graphs.
+            options.colors = Palette::Basic(BasicPalette::Io);
+        }
+        ProfileKind::Wall => {
+            options.title = "Wall-clock time (on-CPU and off-CPU)".to_string();
+        }
+    }
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options, text.lines(), &mut svg)
         .map_err(std::io::Error::other)?;

@@ -1,5 +1,8 @@
 //! Folded stacks: `comm;root;...;leaf count`, the input of flamegraph.pl,
-//! inferno and speedscope. Kernel frames carry perf's `_[k]` suffix.
+//! inferno and speedscope. Kernel frames carry perf's `_[k]` suffix. The
+//! count is samples in a CPU profile, and microseconds in off-CPU and
+//! wall-clock profiles (`ProfileKind::view_unit`), as bcc's offcputime
+//! writes them.
 
 use std::collections::BTreeMap;
 
@@ -22,14 +25,22 @@ pub fn stack_line(profile: &Profile, sample: &Sample) -> String {
     line
 }
 
-/// The whole profile as folded text, identical stacks merged, sorted.
+/// The whole profile as folded text, identical stacks merged, sorted;
+/// stacks that round to nothing left out.
 pub fn encode(profile: &Profile) -> String {
     let mut merged: BTreeMap<String, u64> = BTreeMap::new();
     for sample in &profile.samples {
-        *merged.entry(stack_line(profile, sample)).or_default() += sample.count;
+        let value = profile.view_value(sample);
+        if value > 0 {
+            *merged.entry(stack_line(profile, sample)).or_default() += value;
+        }
     }
     let mut text = String::new();
-    for (stack, count) in merged {
+    for (stack, total) in merged {
+        let count = profile.view_units(total);
+        if count == 0 {
+            continue;
+        }
         text.push_str(&stack);
         text.push(' ');
         text.push_str(&count.to_string());

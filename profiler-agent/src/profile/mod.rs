@@ -14,9 +14,35 @@ pub use builder::ProfileBuilder;
 
 use std::path::Path;
 
-/// A CPU profile: counted stacks with their symbols.
+/// What a profile's samples measure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProfileKind {
+    /// CPU samples only: `count` samples of `period_ns` each.
+    #[default]
+    Cpu,
+    /// CPU samples and off-CPU time (`off_cpu_ns`) side by side, as
+    /// separate sample types; the off-CPU time is what views show.
+    OffCpu,
+    /// One wall-clock time per sample: CPU samples converted to time
+    /// (`count` × `period_ns`) plus off-CPU time.
+    Wall,
+}
+
+impl ProfileKind {
+    /// What views of the profile (folded stacks, SVG) count, and its unit.
+    pub fn view_unit(self) -> &'static str {
+        match self {
+            ProfileKind::Cpu => "samples",
+            ProfileKind::OffCpu => "microseconds off-CPU",
+            ProfileKind::Wall => "microseconds of wall-clock time",
+        }
+    }
+}
+
+/// A profile: counted stacks with their symbols.
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
+    pub kind: ProfileKind,
     /// Wall-clock start, nanoseconds since the Unix epoch.
     pub start_unix_ns: i64,
     pub duration_ns: i64,
@@ -72,7 +98,11 @@ pub struct Line {
 pub struct Sample {
     /// Indices into `Profile::locations`, leaf first.
     pub locations: Vec<usize>,
+    /// CPU samples.
     pub count: u64,
+    /// Nanoseconds off-CPU (blocked or waiting for a CPU); 0 for CPU
+    /// samples.
+    pub off_cpu_ns: u64,
     /// String labels, e.g. ("pid", "1234"), ("comm", "nginx").
     pub labels: Vec<(String, String)>,
 }
@@ -89,6 +119,36 @@ impl Sample {
 impl Profile {
     pub fn total_samples(&self) -> u64 {
         self.samples.iter().map(|s| s.count).sum()
+    }
+
+    /// Total off-CPU nanoseconds.
+    pub fn total_off_cpu_ns(&self) -> u64 {
+        self.samples.iter().map(|s| s.off_cpu_ns).sum()
+    }
+
+    /// Wall-clock nanoseconds a sample stands for: its CPU samples as
+    /// time, plus its off-CPU time.
+    pub fn wall_ns(&self, sample: &Sample) -> u64 {
+        sample.count * self.period_ns.max(0) as u64 + sample.off_cpu_ns
+    }
+
+    /// What views (folded stacks, SVG) count for a sample, in
+    /// `kind.view_unit()`, before rounding: samples, or nanoseconds.
+    pub fn view_value(&self, sample: &Sample) -> u64 {
+        match self.kind {
+            ProfileKind::Cpu => sample.count,
+            ProfileKind::OffCpu => sample.off_cpu_ns,
+            ProfileKind::Wall => self.wall_ns(sample),
+        }
+    }
+
+    /// Turns a sum of `view_value`s into the view's unit (nanoseconds to
+    /// microseconds, rounded).
+    pub fn view_units(&self, total: u64) -> u64 {
+        match self.kind {
+            ProfileKind::Cpu => total,
+            ProfileKind::OffCpu | ProfileKind::Wall => (total + 500) / 1000,
+        }
     }
 
     /// Frame names of a sample from the root to the leaf, inlined frames

@@ -9,7 +9,10 @@
 //! and `period_type` cpu/nanoseconds; per-sample attributes follow the
 //! semantic conventions (`process.pid`, `thread.id`, `thread.name`,
 //! `container.id`, `k8s.pod.name`, ...), and each location says whether it
-//! is kernel or user code in `profile.frame.type`.
+//! is kernel or user code in `profile.frame.type`. A window with off-CPU
+//! time has a second profile per resource, `sample_type` off_cpu/
+//! nanoseconds (OTLP profiles carry one sample type each); a wall-clock
+//! profile has one, wall/nanoseconds.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -19,7 +22,36 @@ use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, Key
 use opentelemetry_proto::tonic::profiles::v1development as otlp;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
-use super::Profile;
+use super::{Profile, ProfileKind, Sample};
+
+/// Which values of a profile one OTLP profile carries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Values {
+    /// CPU samples (count).
+    Cpu,
+    /// Off-CPU nanoseconds.
+    OffCpu,
+    /// CPU samples as time plus off-CPU time.
+    Wall,
+}
+
+impl Values {
+    fn of(kind: ProfileKind) -> &'static [Values] {
+        match kind {
+            ProfileKind::Cpu => &[Values::Cpu],
+            ProfileKind::OffCpu => &[Values::Cpu, Values::OffCpu],
+            ProfileKind::Wall => &[Values::Wall],
+        }
+    }
+
+    fn value(self, profile: &Profile, sample: &Sample) -> i64 {
+        match self {
+            Values::Cpu => sample.count as i64,
+            Values::OffCpu => sample.off_cpu_ns as i64,
+            Values::Wall => profile.wall_ns(sample) as i64,
+        }
+    }
+}
 
 /// One resource's profile: its attributes (`service.name`, ...) and the
 /// profile of its samples.
@@ -154,7 +186,12 @@ impl Builder {
 
     /// Converts one profile; its strings, functions, ... join the shared
     /// dictionary.
-    fn profile(&mut self, profile: &Profile, resource_keys: &[&str]) -> otlp::Profile {
+    fn profile(
+        &mut self,
+        profile: &Profile,
+        values: Values,
+        resource_keys: &[&str],
+    ) -> otlp::Profile {
         let functions: Vec<i32> = profile
             .functions
             .iter()
@@ -227,6 +264,7 @@ impl Builder {
         let samples = profile
             .samples
             .iter()
+            .filter(|s| values.value(profile, s) > 0)
             .map(|s| {
                 // Leaf first, as in pprof.
                 let stack: Vec<i32> = s.locations.iter().map(|&l| locations[l]).collect();
@@ -245,18 +283,31 @@ impl Builder {
                     stack_index,
                     attribute_indices,
                     link_index: 0,
-                    values: vec![s.count as i64],
+                    values: vec![values.value(profile, s)],
                     timestamps_unix_nano: vec![],
                 }
             })
             .collect();
+        let (sample_type, period_type, period) = match values {
+            Values::Cpu => (
+                ("samples", "count"),
+                ("cpu", "nanoseconds"),
+                profile.period_ns,
+            ),
+            Values::OffCpu => (("off_cpu", "nanoseconds"), ("off_cpu", "nanoseconds"), 0),
+            Values::Wall => (
+                ("wall", "nanoseconds"),
+                ("cpu", "nanoseconds"),
+                profile.period_ns,
+            ),
+        };
         otlp::Profile {
-            sample_type: Some(self.value_type("samples", "count")),
+            sample_type: Some(self.value_type(sample_type.0, sample_type.1)),
             samples,
             time_unix_nano: profile.start_unix_ns.max(0) as u64,
             duration_nano: profile.duration_ns.max(0) as u64,
-            period_type: Some(self.value_type("cpu", "nanoseconds")),
-            period: profile.period_ns,
+            period_type: Some(self.value_type(period_type.0, period_type.1)),
+            period,
             profile_id: random_id(),
             dropped_attributes_count: 0,
             original_payload_format: String::new(),
@@ -336,15 +387,19 @@ pub fn export_request(
                     attributes: vec![],
                     dropped_attributes_count: 0,
                 }),
-                profiles: vec![
-                    builder.profile(
-                        r.profile,
-                        &r.attributes
-                            .iter()
-                            .map(|(k, _)| k.as_str())
-                            .collect::<Vec<_>>(),
-                    ),
-                ],
+                profiles: Values::of(r.profile.kind)
+                    .iter()
+                    .map(|&values| {
+                        builder.profile(
+                            r.profile,
+                            values,
+                            &r.attributes
+                                .iter()
+                                .map(|(k, _)| k.as_str())
+                                .collect::<Vec<_>>(),
+                        )
+                    })
+                    .collect(),
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
@@ -361,10 +416,11 @@ mod tests {
     use prost::Message;
 
     use super::*;
-    use crate::profile::{Function, Line, Location, Mapping, Sample};
+    use crate::profile::{Function, Line, Location, Mapping};
 
     fn profile(pid: &str) -> Profile {
         Profile {
+            kind: ProfileKind::Cpu,
             start_unix_ns: 1_700_000_000_000_000_000,
             duration_ns: 15_000_000_000,
             period_ns: 10_000_000,
@@ -432,11 +488,13 @@ mod tests {
                 Sample {
                     locations: vec![1, 0],
                     count: 7,
+                    off_cpu_ns: 0,
                     labels: vec![("pid".into(), pid.into()), ("comm".into(), "app".into())],
                 },
                 Sample {
                     locations: vec![2, 1, 0],
                     count: 2,
+                    off_cpu_ns: 0,
                     labels: vec![
                         ("pid".into(), pid.into()),
                         ("thread".into(), "worker".into()),
@@ -446,6 +504,45 @@ mod tests {
             ],
             comments: vec![],
         }
+    }
+
+    #[test]
+    fn off_cpu_time_is_a_second_profile_per_resource() {
+        let mut p = profile("10");
+        p.kind = ProfileKind::OffCpu;
+        let mut blocked = p.samples[0].clone();
+        blocked.count = 0;
+        blocked.off_cpu_ns = 4_000_000;
+        blocked.labels.push(("wait".into(), "lock".into()));
+        p.samples.push(blocked);
+        let request = export_request(
+            &[ResourceProfile {
+                attributes: vec![("service_name".into(), "app".into())],
+                profile: &p,
+            }],
+            "1.0",
+        );
+        let d = request.dictionary.as_ref().unwrap();
+        let s = |i: i32| d.string_table[i as usize].as_str();
+        let profiles = &request.resource_profiles[0].scope_profiles[0].profiles;
+        let types: Vec<(&str, &str, Vec<i64>)> = profiles
+            .iter()
+            .map(|p| {
+                let t = p.sample_type.unwrap();
+                (
+                    s(t.type_strindex),
+                    s(t.unit_strindex),
+                    p.samples.iter().map(|x| x.values[0]).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("samples", "count", vec![7, 2]),
+                ("off_cpu", "nanoseconds", vec![4_000_000]),
+            ]
+        );
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! pprof encoding (github.com/google/pprof proto/profile.proto), shaped like
 //! Go's own CPU profile so `go tool pprof` reads it as one: sample types
 //! `samples/count` and `cpu/nanoseconds`, period type `cpu/nanoseconds`.
+//! An off-CPU profile adds `off_cpu/nanoseconds` and makes it the default
+//! (`go tool pprof -sample_index=cpu` shows the CPU side); a wall-clock
+//! profile has `samples/count` and `wall/nanoseconds`, as fgprof's.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -8,7 +11,7 @@ use std::io::Write;
 use flate2::Compression;
 use flate2::write::GzEncoder;
 
-use super::Profile;
+use super::{Profile, ProfileKind};
 
 /// The protobuf messages of profile.proto, written out by hand (no protoc
 /// at build time). Field numbers are the proto's.
@@ -170,18 +173,41 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
         r#type: strings.get(t),
         unit: strings.get(u),
     };
-    let sample_type = vec![
-        value_type(&mut strings, "samples", "count"),
-        value_type(&mut strings, "cpu", "nanoseconds"),
-    ];
-    let period_type = Some(value_type(&mut strings, "cpu", "nanoseconds"));
+    let mut sample_type = vec![value_type(&mut strings, "samples", "count")];
+    let mut default_sample_type = 0;
+    let period_type = match profile.kind {
+        ProfileKind::Cpu => {
+            sample_type.push(value_type(&mut strings, "cpu", "nanoseconds"));
+            value_type(&mut strings, "cpu", "nanoseconds")
+        }
+        ProfileKind::OffCpu => {
+            sample_type.push(value_type(&mut strings, "cpu", "nanoseconds"));
+            sample_type.push(value_type(&mut strings, "off_cpu", "nanoseconds"));
+            default_sample_type = strings.get("off_cpu");
+            value_type(&mut strings, "cpu", "nanoseconds")
+        }
+        ProfileKind::Wall => {
+            sample_type.push(value_type(&mut strings, "wall", "nanoseconds"));
+            default_sample_type = strings.get("wall");
+            value_type(&mut strings, "wall", "nanoseconds")
+        }
+    };
+    let period_type = Some(period_type);
+    let values = |s: &super::Sample| {
+        let cpu = s.count as i64 * profile.period_ns;
+        match profile.kind {
+            ProfileKind::Cpu => vec![s.count as i64, cpu],
+            ProfileKind::OffCpu => vec![s.count as i64, cpu, s.off_cpu_ns as i64],
+            ProfileKind::Wall => vec![s.count as i64, profile.wall_ns(s) as i64],
+        }
+    };
 
     let sample = profile
         .samples
         .iter()
         .map(|s| proto::Sample {
             location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
-            value: vec![s.count as i64, s.count as i64 * profile.period_ns],
+            value: values(s),
             label: s
                 .labels
                 .iter()
@@ -273,6 +299,7 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
         period_type,
         period: profile.period_ns,
         comment,
+        default_sample_type,
         ..Default::default()
     }
 }
@@ -307,6 +334,7 @@ mod tests {
 
     fn sample_profile() -> Profile {
         Profile {
+            kind: ProfileKind::Cpu,
             start_unix_ns: 1_700_000_000_000_000_000,
             duration_ns: 10_000_000_000,
             period_ns: 10_000_000,
@@ -353,10 +381,59 @@ mod tests {
             samples: vec![Sample {
                 locations: vec![0, 1],
                 count: 3,
+                off_cpu_ns: 0,
                 labels: vec![("pid".into(), "42".into()), ("comm".into(), "app".into())],
             }],
             comments: vec!["note".into()],
         }
+    }
+
+    /// The sample types and each sample's values of an encoded profile,
+    /// and its default sample type.
+    fn types_and_values(profile: &Profile) -> (Vec<String>, Vec<Vec<i64>>, String) {
+        let decoded = decode(&encode_gzip(profile).unwrap()).unwrap();
+        let s = |i: i64| decoded.string_table[i as usize].clone();
+        let types = decoded
+            .sample_type
+            .iter()
+            .map(|t| format!("{}/{}", s(t.r#type), s(t.unit)))
+            .collect();
+        let values = decoded.sample.iter().map(|x| x.value.clone()).collect();
+        (types, values, s(decoded.default_sample_type))
+    }
+
+    #[test]
+    fn off_cpu_and_wall_profiles_have_their_own_sample_types() {
+        let mut profile = sample_profile();
+        let mut blocked = profile.samples[0].clone();
+        blocked.count = 0;
+        blocked.off_cpu_ns = 2_500_000;
+        blocked.labels.push(("wait".into(), "lock".into()));
+        profile.samples.push(blocked);
+
+        profile.kind = ProfileKind::OffCpu;
+        let (types, values, default) = types_and_values(&profile);
+        assert_eq!(
+            types,
+            ["samples/count", "cpu/nanoseconds", "off_cpu/nanoseconds"]
+        );
+        assert_eq!(values, [vec![3, 30_000_000, 0], vec![0, 0, 2_500_000]]);
+        assert_eq!(default, "off_cpu");
+
+        profile.kind = ProfileKind::Wall;
+        let (types, values, default) = types_and_values(&profile);
+        assert_eq!(types, ["samples/count", "wall/nanoseconds"]);
+        assert_eq!(values, [vec![3, 30_000_000], vec![0, 2_500_000]]);
+        assert_eq!(default, "wall");
+
+        // Views count microseconds: 30 ms on-CPU and 2.5 ms blocked in
+        // the same stack.
+        let folded = crate::profile::folded::encode(&profile);
+        assert!(folded.ends_with(" 32500\n"), "{folded}");
+        profile.kind = ProfileKind::OffCpu;
+        let folded = crate::profile::folded::encode(&profile);
+        assert_eq!(folded.lines().count(), 1, "{folded}");
+        assert!(folded.ends_with(" 2500\n"), "{folded}");
     }
 
     #[test]

@@ -4,19 +4,22 @@
 //! Memory follows the number of distinct stacks, not the number of
 //! samples. Symbolization happens after the run (`to_profile`), from the
 //! process captures, so processes that exited mid-run are still named.
+//! Off-CPU intervals are counted per stack the same way, as nanoseconds
+//! blocked and waiting for a CPU.
 
 mod to_profile;
+pub mod wait;
 
 pub use to_profile::{ProfileWindow, build_profile, build_profile_of};
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use profiler_common::Sample;
 use profiler_common::unwind::UserStackEnd;
+use profiler_common::{SAMPLE_KIND_OFF_CPU, Sample};
 
 use crate::process::ProcessTable;
-use crate::profile::Profile;
+use crate::profile::{Profile, ProfileKind};
 use crate::sampling::{KernelCounters, Sampler, SamplingConfig, SamplingError};
 use crate::symbolize::Symbolizer;
 use crate::unwind::{UnwindTableStats, UnwindTables};
@@ -41,9 +44,83 @@ impl StackKey {
     }
 }
 
+/// What was counted for one stack.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StackCounts {
+    /// CPU samples.
+    pub samples: u64,
+    /// Off-CPU nanoseconds blocked (sleeping, waiting for a lock or I/O).
+    pub blocked_ns: u64,
+    /// Off-CPU nanoseconds runnable, waiting for a CPU.
+    pub runq_ns: u64,
+}
+
+impl StackCounts {
+    pub fn samples(samples: u64) -> StackCounts {
+        StackCounts {
+            samples,
+            ..StackCounts::default()
+        }
+    }
+
+    pub fn off_cpu_ns(&self) -> u64 {
+        self.blocked_ns + self.runq_ns
+    }
+}
+
+impl std::ops::AddAssign for StackCounts {
+    fn add_assign(&mut self, other: StackCounts) {
+        self.samples += other.samples;
+        self.blocked_ns += other.blocked_ns;
+        self.runq_ns += other.runq_ns;
+    }
+}
+
+/// The counts one off-CPU record stands for: its weight (see
+/// `Sample::weight_ns`) split between blocked and run-queue time in the
+/// proportion the interval had.
+pub fn off_cpu_counts(sample: &Sample) -> StackCounts {
+    let off = sample.off_cpu_ns.max(1) as u128;
+    let runq = (sample.runq_ns as u128).min(off);
+    let weight = sample.weight_ns as u128;
+    let runq_ns = (runq * weight / off) as u64;
+    StackCounts {
+        samples: 0,
+        blocked_ns: sample.weight_ns - runq_ns,
+        runq_ns,
+    }
+}
+
+/// Off-CPU totals of a run, for its report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OffCpuTotals {
+    /// Records received (each one or more intervals of a thread).
+    pub records: u64,
+    /// Intervals they hold.
+    pub intervals: u64,
+    /// Nanoseconds they stand for (weighted), blocked and in the run queue.
+    pub blocked_ns: u64,
+    pub runq_ns: u64,
+}
+
+impl std::ops::Add for OffCpuTotals {
+    type Output = OffCpuTotals;
+    fn add(self, b: OffCpuTotals) -> OffCpuTotals {
+        OffCpuTotals {
+            records: self.records + b.records,
+            intervals: self.intervals + b.intervals,
+            blocked_ns: self.blocked_ns + b.blocked_ns,
+            runq_ns: self.runq_ns + b.runq_ns,
+        }
+    }
+}
+
 /// Everything a run collected.
 pub struct Recording {
-    pub stacks: HashMap<StackKey, u64>,
+    pub stacks: HashMap<StackKey, StackCounts>,
+    /// What the profile built from it shows.
+    pub kind: ProfileKind,
+    pub off_cpu: OffCpuTotals,
     pub processes: ProcessTable,
     /// Objects parsed during the run (for unwind tables) stay parsed for
     /// symbolization.
@@ -98,11 +175,11 @@ impl std::ops::AddAssign for UserStackEnds {
 }
 
 impl Recording {
-    /// Samples received per process.
+    /// CPU samples received per process.
     pub fn samples_by_pid(&self) -> HashMap<u32, u64> {
         let mut by_pid = HashMap::new();
-        for (key, count) in &self.stacks {
-            *by_pid.entry(key.pid).or_default() += count;
+        for (key, counts) in &self.stacks {
+            *by_pid.entry(key.pid).or_default() += counts.samples;
         }
         by_pid
     }
@@ -110,7 +187,7 @@ impl Recording {
 
 /// The stacks of one window of a continuous run.
 pub struct Window {
-    pub stacks: HashMap<StackKey, u64>,
+    pub stacks: HashMap<StackKey, StackCounts>,
     pub profile: ProfileWindow,
 }
 
@@ -161,6 +238,8 @@ impl Recorder {
             tables: config.unwind_tables.then_some(tables),
             recording: Recording {
                 stacks: HashMap::new(),
+                kind: ProfileWindow::kind_for(config),
+                off_cpu: OffCpuTotals::default(),
                 processes,
                 symbolizer,
                 unwind_tables: UnwindTableStats::default(),
@@ -221,6 +300,7 @@ impl Recorder {
                 started: self.window_started,
                 elapsed: now.duration_since(self.window_started).unwrap_or_default(),
                 frequency_hz: self.recording.frequency_hz,
+                kind: self.recording.kind,
             },
         };
         self.window_started = now;
@@ -321,10 +401,21 @@ impl Recorder {
 
 fn aggregate(recording: &mut Recording, tables: &Option<UnwindTables>, sample: &Sample) {
     let user = sample.user_stack();
-    recording.samples += 1;
-    if let Some(end) = UserStackEnd::from_u8(sample.user_end) {
-        recording.user_stack_ends.add(end, 1);
-    }
+    let counts = if sample.kind == SAMPLE_KIND_OFF_CPU {
+        let counts = off_cpu_counts(sample);
+        let totals = &mut recording.off_cpu;
+        totals.records += 1;
+        totals.intervals += u64::from(sample.intervals);
+        totals.blocked_ns += counts.blocked_ns;
+        totals.runq_ns += counts.runq_ns;
+        counts
+    } else {
+        recording.samples += 1;
+        if let Some(end) = UserStackEnd::from_u8(sample.user_end) {
+            recording.user_stack_ends.add(end, 1);
+        }
+        StackCounts::samples(1)
+    };
     if recording.processes.observe(sample.pid, user)
         && let Some(tables) = tables
         && let Some(process) = recording.processes.get(sample.pid)
@@ -338,5 +429,36 @@ fn aggregate(recording: &mut Recording, tables: &Option<UnwindTables>, sample: &
         user: user.into(),
         kernel: sample.kernel_stack().into(),
     };
-    *recording.stacks.entry(key).or_default() += 1;
+    *recording.stacks.entry(key).or_default() += counts;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn off_cpu_record(off: u64, runq: u64, weight: u64) -> Box<Sample> {
+        // SAFETY: Sample is plain integers (aya::Pod): zero is valid.
+        let mut sample: Box<Sample> = Box::new(unsafe { std::mem::zeroed() });
+        sample.kind = SAMPLE_KIND_OFF_CPU;
+        sample.off_cpu_ns = off;
+        sample.runq_ns = runq;
+        sample.weight_ns = weight;
+        sample.intervals = 1;
+        sample
+    }
+
+    #[test]
+    fn an_off_cpu_record_splits_its_weight_like_its_interval() {
+        // Recorded whole: 7 ms blocked then 1 ms in the run queue.
+        let whole = off_cpu_counts(&off_cpu_record(8_000_000, 1_000_000, 8_000_000));
+        assert_eq!((whole.blocked_ns, whole.runq_ns), (7_000_000, 1_000_000));
+        // A 100 µs interval drawn for a 10 ms period stands for 10 ms,
+        // in the same proportion.
+        let drawn = off_cpu_counts(&off_cpu_record(100_000, 25_000, 10_000_000));
+        assert_eq!((drawn.blocked_ns, drawn.runq_ns), (7_500_000, 2_500_000));
+        // Preempted: all of it in the run queue; a runq above the
+        // interval (clock skew between CPUs) is capped.
+        let preempted = off_cpu_counts(&off_cpu_record(5_000, 6_000, 5_000));
+        assert_eq!((preempted.blocked_ns, preempted.runq_ns), (0, 5_000));
+    }
 }

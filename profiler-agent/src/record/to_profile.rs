@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::process::{Process, ProcessTable};
-use crate::profile::{Function, Location, Mapping, Profile, ProfileBuilder, Sample};
+use crate::profile::{Function, Location, Mapping, Profile, ProfileBuilder, ProfileKind, Sample};
 use crate::symbolize::{Symbolized, Symbolizer};
 use crate::unwind;
 
-use super::{Recording, StackKey};
+use super::{Recording, StackCounts, StackKey, wait};
 
 /// Locations are per process and address (and whether the address is a
 /// return address, which changes what it is looked up as).
@@ -36,28 +36,44 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         started,
         elapsed,
         frequency_hz,
+        kind,
         ..
     } = recording;
     let window = ProfileWindow {
         started: *started,
         elapsed: *elapsed,
         frequency_hz: *frequency_hz,
+        kind: *kind,
     };
     build_profile_of(stacks.iter(), processes, symbolizer, &window)
 }
 
-/// When and how fast the stacks of a profile were sampled.
+/// When and how fast the stacks of a profile were sampled, and what the
+/// profile shows.
 #[derive(Debug, Clone, Copy)]
 pub struct ProfileWindow {
     pub started: SystemTime,
     pub elapsed: Duration,
     pub frequency_hz: u64,
+    pub kind: ProfileKind,
+}
+
+impl ProfileWindow {
+    /// The profile a sampling configuration records: CPU, or CPU and
+    /// off-CPU, or their sum as wall-clock time.
+    pub fn kind_for(config: &crate::sampling::SamplingConfig) -> ProfileKind {
+        match &config.off_cpu {
+            None => ProfileKind::Cpu,
+            Some(off_cpu) if off_cpu.wall => ProfileKind::Wall,
+            Some(_) => ProfileKind::OffCpu,
+        }
+    }
 }
 
 /// Builds a profile of any set of counted stacks (a whole recording, one
 /// window of a continuous run, one service's share of it).
 pub fn build_profile_of<'a>(
-    stacks: impl Iterator<Item = (&'a StackKey, &'a u64)>,
+    stacks: impl Iterator<Item = (&'a StackKey, &'a StackCounts)>,
     processes: &ProcessTable,
     symbolizer: &mut Symbolizer,
     window: &ProfileWindow,
@@ -69,6 +85,7 @@ pub fn build_profile_of<'a>(
     let period_ns = 1_000_000_000 / window.frequency_hz.max(1) as i64;
     let mut builder: ProfileBuilder<LocationKey, MappingKey> =
         ProfileBuilder::new(start_unix_ns, window.elapsed.as_nanos() as i64, period_ns);
+    builder.kind(window.kind);
 
     // Deterministic output: visit stacks in a stable order.
     let mut stacks: Vec<_> = stacks.collect();
@@ -92,14 +109,23 @@ pub fn build_profile_of<'a>(
         resolved.insert((pid, frame.pc, frame.lookup_pc), symbolized);
     }
 
-    for (key, &count) in stacks {
+    for (key, counts) in stacks {
         let process = processes.get(key.pid);
-        let mut locations = Vec::with_capacity(key.kernel.len() + key.user.len());
-        for frame in unwind::kernel_frames(&key.kernel) {
-            locations.push(kernel_location(&mut builder, symbolizer, frame));
-        }
+        let thread = key.thread_name();
+        let comm = process
+            .map(|p| p.name.clone())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| thread.clone());
+        let labels = vec![
+            ("pid".into(), key.pid.to_string()),
+            ("tid".into(), key.tid.to_string()),
+            ("comm".into(), comm),
+            ("thread".into(), thread),
+        ];
+        let kernel: Vec<unwind::RawFrame> = unwind::kernel_frames(&key.kernel).collect();
+        let mut user = Vec::with_capacity(key.user.len());
         for frame in unwind::frames(&key.user) {
-            locations.push(user_location(
+            user.push(user_location(
                 &mut builder,
                 symbolizer,
                 &mut resolved,
@@ -108,23 +134,75 @@ pub fn build_profile_of<'a>(
                 frame,
             ));
         }
-        let thread = key.thread_name();
-        let comm = process
-            .map(|p| p.name.clone())
-            .filter(|name| !name.is_empty())
-            .unwrap_or_else(|| thread.clone());
-        builder.sample(Sample {
-            locations,
-            count,
-            labels: vec![
-                ("pid".into(), key.pid.to_string()),
-                ("tid".into(), key.tid.to_string()),
-                ("comm".into(), comm),
-                ("thread".into(), thread),
-            ],
-        });
+        if counts.samples > 0 {
+            let locations = locations_of(&mut builder, symbolizer, &kernel, &user);
+            builder.sample(Sample {
+                locations,
+                count: counts.samples,
+                off_cpu_ns: 0,
+                labels: labels.clone(),
+            });
+        }
+        if counts.off_cpu_ns() == 0 {
+            continue;
+        }
+        // Off-CPU: our tracepoint program's frames at the leaf, and the
+        // scheduler's own functions, say nothing about why the thread
+        // waited. They go (the kernel's stack of a sleeping task, which
+        // the interval's stack often is, already leaves the latter out).
+        let names: Vec<String> = kernel
+            .iter()
+            .map(|f| {
+                symbolizer
+                    .kernel_function(f.lookup_pc)
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        let tracing = wait::tracing_frames(&names);
+        let (mut kept, mut kept_names) = (Vec::new(), Vec::new());
+        for (frame, name) in kernel.iter().zip(&names).skip(tracing) {
+            if !symbolizer.kernel_in_scheduler(frame.lookup_pc) {
+                kept.push(*frame);
+                kept_names.push(name.as_str());
+            }
+        }
+        let reason = wait::classify(&kept_names);
+        let locations = locations_of(&mut builder, symbolizer, &kept, &user);
+        for (ns, reason) in [
+            (counts.blocked_ns, reason),
+            (counts.runq_ns, wait::WaitReason::RunQueue),
+        ] {
+            if ns == 0 {
+                continue;
+            }
+            let mut labels = labels.clone();
+            labels.push(("wait".into(), reason.label().into()));
+            builder.sample(Sample {
+                locations: locations.clone(),
+                count: 0,
+                off_cpu_ns: ns,
+                labels,
+            });
+        }
     }
     builder.finish()
+}
+
+/// A stack's locations: its kernel frames' (leaf first), then the user
+/// frames' already made.
+fn locations_of(
+    builder: &mut ProfileBuilder<LocationKey, MappingKey>,
+    symbolizer: &mut Symbolizer,
+    kernel: &[unwind::RawFrame],
+    user: &[usize],
+) -> Vec<usize> {
+    let mut locations = Vec::with_capacity(kernel.len() + user.len());
+    for &frame in kernel {
+        locations.push(kernel_location(builder, symbolizer, frame));
+    }
+    locations.extend_from_slice(user);
+    locations
 }
 
 fn kernel_location(

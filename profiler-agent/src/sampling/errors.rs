@@ -59,6 +59,27 @@ pub enum SamplingError {
     )]
     MissingProgram(&'static str),
 
+    #[error(
+        "off-CPU profiling needs the kernel's BTF type information \
+         (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF=y): {0}"
+    )]
+    OffCpuBtf(String),
+
+    #[error(
+        "the kernel refused the off-CPU program on the `{tracepoint}` tracepoint: {message} \
+         (off-CPU profiling needs BTF tracepoints, Linux 5.5 or later with \
+         CONFIG_DEBUG_INFO_BTF=y){hint}",
+        hint = permission_hint(.permission_denied)
+    )]
+    OffCpuProgram {
+        tracepoint: &'static str,
+        message: String,
+        permission_denied: bool,
+    },
+
+    #[error("--off-cpu-period must be shorter than an hour (got {0:?})")]
+    OffCpuPeriod(std::time::Duration),
+
     #[error("could not list online CPUs from {0}: {1}")]
     OnlineCpus(&'static str, #[source] std::io::Error),
 }

@@ -6,10 +6,12 @@
 //! the kernel one map lookup per sample.
 
 mod errors;
+mod offcpu;
 mod privileges;
 mod reader;
 
 pub use errors::SamplingError;
+pub use offcpu::{DEFAULT_OFF_CPU_MIN, OffCpuConfig, TaskOffsets};
 pub use privileges::check_privileges;
 
 use std::time::Duration;
@@ -45,6 +47,9 @@ pub struct SamplingConfig {
     pub unwind_tables: bool,
     /// Bytes of kernel memory for unwind-table rows (4 bytes a row).
     pub unwind_table_bytes: u64,
+    /// Also record where threads wait (off-CPU intervals); None for CPU
+    /// samples only.
+    pub off_cpu: Option<OffCpuConfig>,
 }
 
 /// Default bound on unwind-table rows: 64 MiB holds 16 M rows, the tables
@@ -65,6 +70,12 @@ pub struct KernelCounters {
     pub frames_from_tables: u64,
     pub frames_unsupported_cfi: u64,
     pub signal_frames: u64,
+    pub off_cpu_switches: u64,
+    pub off_cpu_short: u64,
+    pub off_cpu_unsampled: u64,
+    pub off_cpu_sent: u64,
+    pub off_cpu_lost: u64,
+    pub off_cpu_ring_buffer_full: u64,
 }
 
 /// Field by field: totals carried over sampler restarts.
@@ -83,6 +94,12 @@ impl std::ops::Add for KernelCounters {
             frames_from_tables: self.frames_from_tables + b.frames_from_tables,
             frames_unsupported_cfi: self.frames_unsupported_cfi + b.frames_unsupported_cfi,
             signal_frames: self.signal_frames + b.signal_frames,
+            off_cpu_switches: self.off_cpu_switches + b.off_cpu_switches,
+            off_cpu_short: self.off_cpu_short + b.off_cpu_short,
+            off_cpu_unsampled: self.off_cpu_unsampled + b.off_cpu_unsampled,
+            off_cpu_sent: self.off_cpu_sent + b.off_cpu_sent,
+            off_cpu_lost: self.off_cpu_lost + b.off_cpu_lost,
+            off_cpu_ring_buffer_full: self.off_cpu_ring_buffer_full + b.off_cpu_ring_buffer_full,
         }
     }
 }
@@ -101,6 +118,12 @@ impl KernelCounters {
             Counter::FramesFromTables => &mut self.frames_from_tables,
             Counter::FramesUnsupportedCfi => &mut self.frames_unsupported_cfi,
             Counter::SignalFrames => &mut self.signal_frames,
+            Counter::OffCpuSwitches => &mut self.off_cpu_switches,
+            Counter::OffCpuShort => &mut self.off_cpu_short,
+            Counter::OffCpuUnsampled => &mut self.off_cpu_unsampled,
+            Counter::OffCpuSent => &mut self.off_cpu_sent,
+            Counter::OffCpuLost => &mut self.off_cpu_lost,
+            Counter::OffCpuRingBufferFull => &mut self.off_cpu_ring_buffer_full,
         };
         *slot = value;
     }
@@ -141,11 +164,22 @@ impl Sampler {
 
         let filter: u8 = u8::from(!config.pids.is_empty());
         let row_blocks = unwind_row_blocks(config);
-        let mut ebpf = EbpfLoader::new()
+        let cpus =
+            aya::util::online_cpus().map_err(|(path, e)| SamplingError::OnlineCpus(path, e))?;
+        // Off-CPU programs need the kernel's task_struct layout; asking
+        // first gives a clear error before anything is loaded.
+        let off_cpu = match &config.off_cpu {
+            Some(off_cpu) => Some(offcpu::Globals::new(off_cpu, cpus.len())?),
+            None => None,
+        };
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
-            .map_max_entries("UNWIND_ROWS", row_blocks)
-            .load(BPF_OBJECT)
-            .map_err(SamplingError::load)?;
+            .map_max_entries("UNWIND_ROWS", row_blocks);
+        if let Some(globals) = &off_cpu {
+            globals.apply(&mut loader);
+        }
+        let mut ebpf = loader.load(BPF_OBJECT).map_err(SamplingError::load)?;
 
         if !config.pids.is_empty() {
             let mut pid_filter: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(
@@ -186,8 +220,6 @@ impl Sampler {
             .try_into()
             .map_err(SamplingError::program)?;
         program.load().map_err(SamplingError::program)?;
-        let cpus =
-            aya::util::online_cpus().map_err(|(path, e)| SamplingError::OnlineCpus(path, e))?;
         for &cpu in &cpus {
             program
                 .attach(
@@ -197,6 +229,9 @@ impl Sampler {
                     false,
                 )
                 .map_err(|e| SamplingError::Attach { cpu, source: e })?;
+        }
+        if off_cpu.is_some() {
+            offcpu::attach(&mut ebpf)?;
         }
 
         let samples = RingBuf::try_from(

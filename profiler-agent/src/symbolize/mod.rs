@@ -65,7 +65,7 @@ fn add_debug_info(
         object.insert_before_symbols(Box::new(dwarf));
         return;
     }
-    let Some((_, debug_file)) = dwarf::find_debug_file(parsed, &file.root, &file.path) else {
+    let Some((_, debug_file)) = dwarf::find_debug_file(parsed, file) else {
         return;
     };
     let Some(debug_data) = map_file(&debug_file).ok().map(Arc::new) else {
@@ -108,6 +108,9 @@ pub struct Symbolizer {
     by_build_id: HashMap<Vec<u8>, Arc<ElfObject>>,
     kallsyms: PathBuf,
     kernel: Option<Result<KernelSymbols, String>>,
+    /// The vDSO's symbols (its lowest address, and its names), read from
+    /// the agent's own on first use.
+    vdso: Option<Option<(u64, elf::ElfSymbols)>>,
     /// Every file this symbolizer mapped (binaries, debug files), to hand
     /// their resident pages back between windows.
     maps: Vec<Weak<memmap2::Mmap>>,
@@ -129,6 +132,7 @@ impl Symbolizer {
             by_build_id: HashMap::new(),
             kallsyms: kallsyms.into(),
             kernel: None,
+            vdso: None,
             maps: Vec::new(),
             problems: Vec::new(),
             stats: SymbolizerStats::default(),
@@ -221,6 +225,9 @@ impl Symbolizer {
         let mapping = process.and_then(|p| p.mapping_for(pc));
         let result = match mapping {
             None => Symbolized::unresolved(format!("[unknown] {pc:#x}")),
+            Some(mapping) if mapping.object.is_none() && mapping.name == "[vdso]" => {
+                self.in_vdso(mapping, lookup_pc)
+            }
             Some(mapping) => self.in_mapping(mapping, pc, lookup_pc),
         };
         if result.resolved {
@@ -229,6 +236,32 @@ impl Symbolizer {
             self.stats.user_unresolved += 1;
         }
         result
+    }
+
+    /// A frame in the vDSO (`clock_gettime` and friends): the kernel maps
+    /// the same image into every process, so the agent's own names it.
+    fn in_vdso(&mut self, mapping: &Mapping, lookup_pc: u64) -> Symbolized {
+        let offset = lookup_pc.wrapping_sub(mapping.start);
+        let vdso = self.vdso.get_or_insert_with(|| {
+            let image: FileBytes = Arc::new(crate::process::vdso_image()?);
+            elf::guard(|| {
+                let file = object::File::parse((*image).as_ref())?;
+                use object::{Object, ObjectSegment};
+                let base = file.segments().map(|s| s.address()).min().unwrap_or(0);
+                Ok((base, elf::ElfSymbols::from_object(&file, &image)))
+            })
+            .ok()
+        });
+        let named = vdso
+            .as_ref()
+            .and_then(|(base, symbols)| Resolver::resolve(symbols, base + offset));
+        match named {
+            Some(frames) if !frames.is_empty() => Symbolized {
+                frames,
+                resolved: true,
+            },
+            _ => Symbolized::unresolved(format!("[vdso]+{offset:#x}")),
+        }
     }
 
     fn in_mapping(&mut self, mapping: &Mapping, pc: u64, lookup_pc: u64) -> Symbolized {
@@ -275,17 +308,37 @@ impl Symbolizer {
         }
     }
 
-    /// Symbolizes a kernel address through `/proc/kallsyms` (read once).
-    pub fn kernel(&mut self, lookup_pc: u64) -> Symbolized {
+    /// The kernel's symbols, read from `/proc/kallsyms` on first use.
+    fn kernel_symbols(&mut self) -> Option<&KernelSymbols> {
         let kallsyms = &self.kallsyms;
         let problems = &mut self.problems;
-        let symbols = self.kernel.get_or_insert_with(|| {
-            KernelSymbols::load(kallsyms).map_err(|e| {
-                problems.push(e.to_string());
-                e.to_string()
+        self.kernel
+            .get_or_insert_with(|| {
+                KernelSymbols::load(kallsyms).map_err(|e| {
+                    problems.push(e.to_string());
+                    e.to_string()
+                })
             })
-        });
-        let result = match symbols.as_ref().ok().and_then(|s| s.lookup(lookup_pc)) {
+            .as_ref()
+            .ok()
+    }
+
+    /// The kernel function at `lookup_pc`, uncounted in the statistics
+    /// (for looking at a stack, not symbolizing it).
+    pub fn kernel_function(&mut self, lookup_pc: u64) -> Option<&str> {
+        self.kernel_symbols()?.lookup(lookup_pc)
+    }
+
+    /// Whether a kernel address is in the scheduler's text (see
+    /// `KernelSymbols::in_scheduler`).
+    pub fn kernel_in_scheduler(&mut self, address: u64) -> bool {
+        self.kernel_symbols()
+            .is_some_and(|s| s.in_scheduler(address))
+    }
+
+    /// Symbolizes a kernel address through `/proc/kallsyms` (read once).
+    pub fn kernel(&mut self, lookup_pc: u64) -> Symbolized {
+        let result = match self.kernel_symbols().and_then(|s| s.lookup(lookup_pc)) {
             Some(name) => Symbolized {
                 frames: vec![Frame::named(name)],
                 resolved: true,
@@ -326,6 +379,7 @@ mod tests {
             id: ObjectId { dev: (0, 1), inode },
             path: path.to_path_buf(),
             root: std::path::PathBuf::from("/"),
+            root_dir: None,
             file: File::open(path).map_err(|e| e.to_string()),
         };
         Process::new(

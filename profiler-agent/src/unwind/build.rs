@@ -1,7 +1,6 @@
 //! One object's unwind table: Go's pcsp rows over its Go code, CFI rows
 //! over everything else.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use object::Object;
@@ -46,10 +45,10 @@ pub enum NoTable {
     Panicked,
 }
 
-/// Where a separate debug file may be looked for.
+/// Where a separate debug file may be looked for: beside the object, in
+/// its process's root.
 pub struct DebugSearch<'a> {
-    pub root: &'a Path,
-    pub path: &'a Path,
+    pub object: &'a crate::process::ObjectFile,
 }
 
 /// Builds the table of the object in `map` (the file mapped read-only).
@@ -135,32 +134,13 @@ fn debug_file_rows(
     file: &object::File<'_>,
     search: &DebugSearch<'_>,
 ) -> Option<(ObjectTable, CfiStats, TableSource)> {
-    let (_, handle) = crate::symbolize::dwarf::find_debug_file(file, search.root, search.path)?;
+    let (_, handle) = crate::symbolize::dwarf::find_debug_file(file, search.object)?;
     // SAFETY: a read-only private mapping of a file we only read (see
     // symbolize::map_file for the truncation caveat).
     let map = unsafe { memmap2::Mmap::map(&handle) }.ok()?;
     let debug = object::File::parse(&*map).ok()?;
     let (table, stats, _) = cfi::rows_of(&debug)?;
     Some((table, stats, TableSource::DebugFileFrame))
-}
-
-/// The vDSO of this process: the same image the kernel maps into every
-/// process of this architecture, whose CFI exists only in memory.
-pub fn vdso_image() -> Option<Vec<u8>> {
-    // SAFETY: getauxval only reads the auxiliary vector.
-    let base = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) };
-    if base == 0 {
-        return None;
-    }
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let entry = crate::process::parse_maps(&maps)
-        .into_iter()
-        .find(|e| e.start == base && e.display_name() == "[vdso]")?;
-    let len = usize::try_from(entry.end - entry.start).ok()?;
-    // SAFETY: [base, base + len) is this process's vDSO mapping, readable
-    // for the life of the process.
-    let bytes = unsafe { std::slice::from_raw_parts(base as *const u8, len) };
-    Some(bytes.to_vec())
 }
 
 /// The vDSO's table, from its in-memory image.

@@ -345,13 +345,12 @@ impl TableStore {
             TableObject::Vdso => {
                 if self.vdso.is_none() {
                     let started = Instant::now();
-                    let built =
-                        build::vdso_image()
-                            .ok_or(NoTable::NoUnwindInfo)
-                            .and_then(|image| {
-                                let segments = segments_of(&image);
-                                build::build_vdso(&image).map(|b| (b, segments))
-                            });
+                    let built = crate::process::vdso_image()
+                        .ok_or(NoTable::NoUnwindInfo)
+                        .and_then(|image| {
+                            let segments = segments_of(&image);
+                            build::build_vdso(&image).map(|b| (b, segments))
+                        });
                     self.stats.build_time += started.elapsed();
                     let state = match built {
                         Ok((built, segments)) => self.load(TableKey::Vdso, &built, segments, None),
@@ -393,13 +392,7 @@ impl TableStore {
             Err(e) => return self.count_no_table(&NoTable::Unreadable(e.to_string())),
         };
         let started = Instant::now();
-        let built = build::build(
-            &map,
-            Some(DebugSearch {
-                root: &file.root,
-                path: &file.path,
-            }),
-        );
+        let built = build::build(&map, Some(DebugSearch { object: file }));
         self.stats.build_time += started.elapsed();
         let built = match built {
             Ok(built) => built,

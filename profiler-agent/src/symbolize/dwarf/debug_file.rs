@@ -13,33 +13,33 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSection};
 
-use crate::process::contained;
+use crate::process::{ObjectFile, contained};
 
 /// Largest debuglink candidate whose CRC is computed (a debug file larger
 /// than this is not used; a sparse terabyte named by a hostile binary costs
 /// nothing).
 const MAX_CRC_BYTES: u64 = 4 << 30;
 
-/// The separate debug file for the object `file` at `path` (as its process
-/// sees it) below `root`, if one exists and matches: its path (for
-/// messages) and the open file.
-pub fn find_debug_file(
-    file: &object::File<'_>,
-    root: &Path,
-    path: &Path,
-) -> Option<(PathBuf, File)> {
+/// The separate debug file for the object `file`, mapped from `object`,
+/// if one exists inside the root its process sees and matches: its path
+/// (for messages) and the open file. The root held open in `object` is
+/// used when there is one (it outlives the process).
+pub fn find_debug_file(file: &object::File<'_>, object: &ObjectFile) -> Option<(PathBuf, File)> {
+    let (root, path) = (&object.root, &object.path);
     let inside = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
+    let open = |p: &Path| match &object.root_dir {
+        Some(dir) => contained::open_in(dir, p),
+        None => contained::open(&inside(p)),
+    };
     if let Ok(Some(id)) = file.build_id()
         && id.len() >= 2
     {
         let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        let candidate = inside(
-            &Path::new("/usr/lib/debug/.build-id")
-                .join(&hex[..2])
-                .join(format!("{}.debug", &hex[2..])),
-        );
-        if let Ok(opened) = contained::open(&candidate) {
-            return Some((candidate, opened));
+        let candidate = Path::new("/usr/lib/debug/.build-id")
+            .join(&hex[..2])
+            .join(format!("{}.debug", &hex[2..]));
+        if let Ok(opened) = open(&candidate) {
+            return Some((inside(&candidate), opened));
         }
     }
     let (name, crc) = debuglink(file)?;
@@ -53,17 +53,16 @@ pub fn find_debug_file(
     ];
     candidates
         .iter()
-        .map(|c| inside(c))
         // The debuglink names a file; do not pick the binary itself.
-        .filter(|c| c.as_path() != inside(path).as_path())
+        .filter(|c| c.as_path() != path.as_path())
         .find_map(|c| {
-            let mut opened = contained::open(&c).ok()?;
+            let mut opened = open(c).ok()?;
             let size = opened.metadata().ok()?.len();
             if size > MAX_CRC_BYTES || crc32_of(&mut opened)? != crc {
                 return None;
             }
             // The CRC read moved the file position; mappings ignore it.
-            Some((c, opened))
+            Some((inside(c), opened))
         })
 }
 

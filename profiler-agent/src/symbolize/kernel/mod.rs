@@ -6,6 +6,11 @@ use std::path::Path;
 pub struct KernelSymbols {
     addresses: Vec<u64>,
     names: Vec<Box<str>>,
+    /// `__sched_text_start..__sched_text_end`: the scheduler's functions
+    /// and those marked `__sched` (schedule, do_nanosleep, io_schedule,
+    /// the mutex slow paths), which the kernel's own stack traces of
+    /// sleeping tasks leave out.
+    sched_text: Option<(u64, u64)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +46,7 @@ impl KernelSymbols {
     /// Parses kallsyms text: `ADDRESS TYPE NAME [MODULE]`, keeping code
     /// symbols (types t/T and weak w/W) with a non-zero address.
     pub fn parse(text: &str) -> Self {
+        let (mut sched_start, mut sched_end) = (None, None);
         let mut symbols: Vec<(u64, Box<str>)> = text
             .lines()
             .filter_map(|line| {
@@ -48,6 +54,11 @@ impl KernelSymbols {
                 let address = u64::from_str_radix(fields.next()?, 16).ok()?;
                 let kind = fields.next()?;
                 let name = fields.next()?;
+                match name {
+                    "__sched_text_start" => sched_start = Some(address),
+                    "__sched_text_end" => sched_end = Some(address),
+                    _ => {}
+                }
                 let is_code = matches!(kind, "t" | "T" | "w" | "W");
                 (is_code && address != 0).then(|| (address, Box::from(name)))
             })
@@ -55,7 +66,21 @@ impl KernelSymbols {
         symbols.sort_by_key(|(address, _)| *address);
         symbols.dedup_by_key(|(address, _)| *address);
         let (addresses, names) = symbols.into_iter().unzip();
-        KernelSymbols { addresses, names }
+        let sched_text = match (sched_start, sched_end) {
+            (Some(start), Some(end)) if start != 0 && start < end => Some((start, end)),
+            _ => None,
+        };
+        KernelSymbols {
+            addresses,
+            names,
+            sched_text,
+        }
+    }
+
+    /// Whether `address` is in the scheduler's text section.
+    pub fn in_scheduler(&self, address: u64) -> bool {
+        self.sched_text
+            .is_some_and(|(start, end)| start <= address && address < end)
     }
 
     /// The function containing `address`: the nearest symbol at or below.
