@@ -12,12 +12,17 @@ use profiler_common::UserRegs;
 
 #[cfg(bpf_target_arch = "x86_64")]
 mod layout {
-    pub const PC: usize = 16 * 8; // ip
-    pub const SP: usize = 19 * 8; // sp
-    pub const FP: usize = 4 * 8; // bp
+    /// The registers read, as one block of words from `BLOCK_START` bytes
+    /// into pt_regs: r14 (word 1) through sp (word 19).
+    pub const BLOCK_START: usize = 8;
+    pub const BLOCK_WORDS: usize = 19;
+    /// Word indices in the block.
+    pub const PC: usize = 16 - 1; // ip
+    pub const SP: usize = 19 - 1; // sp
+    pub const FP: usize = 4 - 1; // bp
     pub const LR: Option<usize> = None;
     /// r14: Go's g register (ABIInternal, Go 1.17+).
-    pub const GO_G: usize = 8;
+    pub const GO_G: usize = 1 - 1;
     /// End of the user half of the address space (TASK_SIZE_MAX, 4-level).
     pub const USER_LIMIT: u64 = 0x0000_7fff_ffff_f000;
     /// No pointer authentication: return addresses are plain.
@@ -25,13 +30,15 @@ mod layout {
 
     /// orig_ax: the system call number, or negative (an interrupt's
     /// vector, -1) — but a page fault stores its error code there too.
-    pub const SYSCALL_NR: usize = 15 * 8;
+    pub const SYSCALL_NR: usize = 15 - 1;
     /// cx and r11: the `syscall` instruction leaves the return address in
     /// rcx and the flags in r11, and entry_SYSCALL_64 saves both, so a
     /// frame entered by `syscall` has cx == ip and r11 == flags (the
     /// kernel's own test for returning with SYSRET).
-    pub const SYSCALL_CX: Option<(usize, usize)> = Some((11 * 8, 6 * 8));
-    pub const FLAGS: usize = 18 * 8;
+    pub const SYSCALL_CX: Option<(usize, usize)> = Some((11 - 1, 6 - 1));
+    pub const FLAGS: usize = 18 - 1;
+    /// orig_ax is a full word.
+    pub const SYSCALL_NR_BITS: u32 = 64;
 
     /// Registers in a signal frame, from the SP of its trampoline frame
     /// (`__restore_rt`): the handler's `ret` popped `rt_sigframe.pretcode`,
@@ -48,12 +55,17 @@ mod layout {
 
 #[cfg(bpf_target_arch = "aarch64")]
 mod layout {
-    pub const PC: usize = 32 * 8; // pc, after regs[31] and sp
-    pub const SP: usize = 31 * 8; // sp
-    pub const FP: usize = 29 * 8; // x29
-    pub const LR: Option<usize> = Some(30 * 8); // x30
+    /// The registers read, as one block of words from `BLOCK_START` bytes
+    /// into pt_regs: x28 (word 28) through syscallno (word 35, low half).
+    pub const BLOCK_START: usize = 28 * 8;
+    pub const BLOCK_WORDS: usize = 8;
+    /// Word indices in the block.
+    pub const PC: usize = 32 - 28; // pc, after regs[31] and sp
+    pub const SP: usize = 31 - 28; // sp
+    pub const FP: usize = 29 - 28; // x29
+    pub const LR: Option<usize> = Some(30 - 28); // x30
     /// x28: Go's g register.
-    pub const GO_G: usize = 28 * 8;
+    pub const GO_G: usize = 0;
     /// End of the user half of the address space (52-bit VAs at most).
     pub const USER_LIMIT: u64 = 1 << 52;
     /// Pointer authentication signs return addresses in the bits above the
@@ -63,9 +75,11 @@ mod layout {
 
     /// syscallno (s32, after orig_x0): NO_SYSCALL (-1) for every entry
     /// from user mode but `svc`.
-    pub const SYSCALL_NR: usize = 34 * 8 + 8;
+    pub const SYSCALL_NR: usize = 35 - 28;
     pub const SYSCALL_CX: Option<(usize, usize)> = None;
-    pub const FLAGS: usize = 33 * 8; // pstate
+    pub const FLAGS: usize = 33 - 28; // pstate
+    /// syscallno is 32 bits wide (the low half of its word).
+    pub const SYSCALL_NR_BITS: u32 = 32;
 
     /// Registers in a signal frame, from the SP of its trampoline frame
     /// (`__kernel_rt_sigreturn`): the handler ran with SP at `struct
@@ -102,56 +116,63 @@ pub const FRAME_RECORD_CALLER_FP: u64 = 0;
 pub const FRAME_RECORD_RETURN_ADDRESS: u64 = 8;
 pub const FRAME_RECORD_SIZE: u64 = 16;
 
-#[inline(always)]
-fn read_at(base: *const u8, offset: usize) -> u64 {
-    // SAFETY: bpf_probe_read_kernel validates the address; a failed read
-    // yields 0, which the unwinder treats as "unknown".
-    unsafe { bpf_probe_read_kernel(base.add(offset).cast::<u64>()) }.unwrap_or(0)
+/// The current task's saved user state: its registers, and whether it is
+/// inside a system call.
+#[derive(Default)]
+pub struct SavedUser {
+    pub regs: UserRegs,
+    /// It entered the kernel by a system call it is still in (not by an
+    /// interrupt or an exception from user mode).
+    pub in_system_call: bool,
 }
 
-/// Whether the current task entered the kernel by a system call it is
-/// still in (not by an interrupt or an exception from user mode), from its
-/// saved user registers.
+/// Reads the current task's saved user registers (its `pt_regs` at the top
+/// of its kernel stack, `bpf_task_pt_regs`): right both when the program
+/// interrupted user code and when it runs inside a system call. One read
+/// of the block that holds them all (each helper call costs more than the
+/// bytes it copies).
 #[inline(always)]
-pub fn in_system_call() -> bool {
-    // SAFETY: as in user_regs.
+pub fn saved_user() -> SavedUser {
+    // SAFETY: both helpers take and return kernel pointers the verifier
+    // tracks; we only read through bpf_probe_read_kernel.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
     if regs.is_null() {
-        return false;
+        return SavedUser::default();
     }
-    #[cfg(bpf_target_arch = "x86_64")]
-    let nr = read_at(regs, layout::SYSCALL_NR) as i64;
-    #[cfg(bpf_target_arch = "aarch64")]
-    let nr = read_at(regs, layout::SYSCALL_NR) as u32 as i32 as i64;
-    if nr < 0 {
-        return false;
-    }
-    match layout::SYSCALL_CX {
-        Some((cx, r11)) => {
-            read_at(regs, cx) == read_at(regs, layout::PC)
-                && read_at(regs, r11) == read_at(regs, layout::FLAGS)
-        }
-        None => true,
+    // SAFETY: bpf_probe_read_kernel validates the address; a failed read
+    // leaves nothing to unwind.
+    let Ok(block) = (unsafe {
+        bpf_probe_read_kernel(
+            regs.add(layout::BLOCK_START)
+                .cast::<[u64; layout::BLOCK_WORDS]>(),
+        )
+    }) else {
+        return SavedUser::default();
+    };
+    let word = |index: usize| block.get(index).copied().unwrap_or(0);
+    let nr = match layout::SYSCALL_NR_BITS {
+        32 => word(layout::SYSCALL_NR) as u32 as i32 as i64,
+        _ => word(layout::SYSCALL_NR) as i64,
+    };
+    let in_system_call = nr >= 0
+        && match layout::SYSCALL_CX {
+            Some((cx, r11)) => word(cx) == word(layout::PC) && word(r11) == word(layout::FLAGS),
+            None => true,
+        };
+    SavedUser {
+        regs: UserRegs {
+            pc: word(layout::PC),
+            sp: word(layout::SP),
+            fp: word(layout::FP),
+            go_g: word(layout::GO_G),
+            lr: layout::LR.map_or(0, word),
+        },
+        in_system_call,
     }
 }
 
 /// The current task's user-space registers.
 #[inline(always)]
 pub fn user_regs() -> UserRegs {
-    // SAFETY: both helpers take and return kernel pointers the verifier
-    // tracks; we only read through bpf_probe_read_kernel.
-    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
-    if regs.is_null() {
-        return UserRegs::default();
-    }
-    UserRegs {
-        pc: read_at(regs, layout::PC),
-        sp: read_at(regs, layout::SP),
-        fp: read_at(regs, layout::FP),
-        go_g: read_at(regs, layout::GO_G),
-        lr: match layout::LR {
-            Some(offset) => read_at(regs, offset),
-            None => 0,
-        },
-    }
+    saved_user().regs
 }

@@ -7,11 +7,11 @@ use aya_ebpf::{
     EbpfContext,
     bindings::task_struct,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_prandom_u32,
-        bpf_get_stack, bpf_get_task_stack, bpf_ktime_get_ns, bpf_probe_read_kernel,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack,
+        bpf_get_task_stack, bpf_ktime_get_ns,
     },
     macros::{btf_tracepoint, map},
-    maps::{LruHashMap, PerCpuArray},
+    maps::{Array, LruHashMap, PerCpuArray},
     programs::BtfTracePointContext,
 };
 use profiler_common::offcpu::{
@@ -55,6 +55,28 @@ static OFF_CPU_THREADS: LruHashMap<u32, OffCpuThread> =
 static OFF_CPU_PENDING: LruHashMap<u32, Sample> =
     LruHashMap::with_max_entries(MIN_OFF_CPU_PENDING, 0);
 
+/// Records in `OFF_CPU_PENDING` waiting for a system call's return: while
+/// there are none (most of the time, with sampling), `sys_exit` costs one
+/// array read instead of a hash lookup. A record evicted from the LRU map
+/// keeps the count above zero: the lookups then happen, nothing is lost.
+#[map]
+static PENDING_SYSCALLS: Array<u64> = Array::with_max_entries(1, 0);
+
+#[inline(always)]
+fn count_pending(delta: i64) {
+    if let Some(count) = PENDING_SYSCALLS.get_ptr_mut(0) {
+        // SAFETY: an 8-byte aligned map value. The BPF target has no
+        // compare-and-swap, so core's atomic types lack fetch_add; the
+        // intrinsic, its result unused, is BPF's atomic add (XADD).
+        unsafe {
+            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
+                count,
+                delta as u64,
+            );
+        }
+    }
+}
+
 /// Where a pending record is assembled (the perf-event program has its
 /// own: it can interrupt `sys_exit`, never the scheduler's tracepoints,
 /// which run with interrupts off).
@@ -67,22 +89,28 @@ fn global<T: Copy>(value: &T) -> T {
     unsafe { core::ptr::read_volatile(value) }
 }
 
+/// A field of a task the tracepoint handed us. A BTF tracepoint's task
+/// pointers are typed for the verifier, which checks a direct load against
+/// the kernel's `task_struct` (the offset is a constant to it: a read-only
+/// global) and turns a fault into a zero: far cheaper than a probe read,
+/// on the hottest path of off-CPU profiling.
 #[inline(always)]
-fn task_field<T: Copy + Default>(task: *const u8, offset: u32) -> T {
-    // SAFETY: bpf_probe_read_kernel validates the address; a failed read
-    // yields the default.
-    unsafe { bpf_probe_read_kernel(task.add(offset as usize).cast::<T>()) }.unwrap_or_default()
+fn task_field<T: Copy>(task: *const u8, offset: u32) -> T {
+    // SAFETY: see above; the verifier rejects the program rather than let
+    // an out-of-bounds load through.
+    unsafe { core::ptr::read_volatile(task.add(offset as usize).cast::<T>()) }
 }
 
 /// `sched_switch(preempt, prev, next, prev_state)`, run as `prev`.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn off_cpu_switch(ctx: BtfTracePointContext) -> u32 {
     let preempt: u64 = ctx.arg(0);
+    let prev: *const u8 = ctx.arg(1);
     let next: *mut task_struct = ctx.arg(2);
     let prev_state: u64 = ctx.arg(3);
     // SAFETY: a monotonic clock read.
     let now = unsafe { bpf_ktime_get_ns() };
-    switched_out(&ctx, preempt as u8 != 0, prev_state as u32, now);
+    switched_out(&ctx, prev, preempt as u8 != 0, prev_state as u32, now);
     switched_in(next, now);
     0
 }
@@ -108,6 +136,13 @@ pub fn off_cpu_wakeup(ctx: BtfTracePointContext) -> u32 {
 /// the one it blocked with.
 #[btf_tracepoint(function = "sys_exit")]
 pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
+    // SAFETY: a plain read; a stale value only costs or saves one lookup.
+    let waiting = PENDING_SYSCALLS
+        .get_ptr(0)
+        .map_or(0, |count| unsafe { core::ptr::read_volatile(count) });
+    if waiting == 0 {
+        return 0;
+    }
     let pid_tgid = bpf_get_current_pid_tgid();
     let tid = pid_tgid as u32;
     let Some(record) = OFF_CPU_PENDING.get_ptr_mut(&tid) else {
@@ -124,10 +159,11 @@ pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
         // was left by a thread that exited in the call (its id now reused).
         if bpf_ktime_get_ns().saturating_sub((*record).time_ns) > STALE_NS {
             let _ = OFF_CPU_PENDING.remove(&tid);
+            count_pending(-1);
             return 0;
         }
         let kernel_frames = ((*record).kernel_frames as u32).min(MAX_STACK_DEPTH as u32);
-        let regs = arch::user_regs();
+        let regs = arch::saved_user().regs;
         let walk =
             unwind::walk_user_stack(unwind::WALK_SCHEDULER, pid, &regs, record, kernel_frames);
         (*record).pid = pid;
@@ -139,13 +175,20 @@ pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
         }
         emit(record, kernel_frames + walk.frames, walk.unknown_leaf);
         let _ = OFF_CPU_PENDING.remove(&tid);
+        count_pending(-1);
     }
     0
 }
 
 /// The current thread (`prev`) leaves its CPU.
 #[inline(always)]
-fn switched_out(ctx: &BtfTracePointContext, preempt: bool, prev_state: u32, now: u64) {
+fn switched_out(
+    ctx: &BtfTracePointContext,
+    prev: *const u8,
+    preempt: bool,
+    prev_state: u32,
+    now: u64,
+) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -153,34 +196,64 @@ fn switched_out(ctx: &BtfTracePointContext, preempt: bool, prev_state: u32, now:
         return;
     }
     bump(Counter::OffCpuSwitches);
-    // SAFETY: the current task pointer, read through probe reads.
-    let task = unsafe { bpf_get_current_task() } as *const u8;
-    let task_flags: u32 = task_field(task, global(&TASK_FLAGS_OFFSET));
-    let mut thread = OffCpuThread {
-        out_ns: now,
-        wake_ns: 0,
-        state: if preempt { TASK_RUNNING } else { prev_state },
-        flags: 0,
-        pid,
-        _pad: 0,
-        comm: bpf_get_current_comm().unwrap_or([0u8; 16]),
+    let task_flags: u32 = task_field(prev, global(&TASK_FLAGS_OFFSET));
+    let state = if preempt { TASK_RUNNING } else { prev_state };
+    let mut comm = [0u8; 16];
+    let flags = if task_flags & PF_KTHREAD != 0 {
+        // Its record is made at the switch-in, by another task: keep the
+        // name now.
+        comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
+        THREAD_KERNEL
+    } else {
+        let saved = arch::saved_user();
+        if saved.in_system_call {
+            THREAD_IN_SYSCALL
+        } else if walk_now(ctx, &saved.regs, pid, tid, state) {
+            // Preempted in user mode, or blocked in a page fault: the user
+            // stack is readable only now.
+            THREAD_STACK_PENDING
+        } else {
+            0
+        }
     };
-    if task_flags & PF_KTHREAD != 0 {
-        thread.flags = THREAD_KERNEL;
-    } else if arch::in_system_call() {
-        thread.flags = THREAD_IN_SYSCALL;
-    } else if walk_now(ctx, pid, tid, thread.state) {
-        // Preempted in user mode, or blocked in a page fault: the user
-        // stack is readable only now.
-        thread.flags = THREAD_STACK_PENDING;
+    // Most switches are of threads seen before: update their entry in
+    // place (an LRU insert allocates and links a node, several times the
+    // cost of a lookup).
+    if let Some(entry) = OFF_CPU_THREADS.get_ptr_mut(&tid) {
+        // SAFETY: the entry of the current thread, which only its own
+        // switches and its wakeup touch.
+        unsafe {
+            (*entry).out_ns = now;
+            (*entry).wake_ns = 0;
+            (*entry).state = state;
+            (*entry).flags = flags;
+            (*entry).pid = pid;
+            (*entry).comm = comm;
+        }
+    } else {
+        let thread = OffCpuThread {
+            out_ns: now,
+            wake_ns: 0,
+            state,
+            flags,
+            pid,
+            _pad: 0,
+            comm,
+        };
+        let _ = OFF_CPU_THREADS.insert(&tid, &thread, 0);
     }
-    let _ = OFF_CPU_THREADS.insert(&tid, &thread, 0);
 }
 
 /// Walks both stacks of the current thread into the pending map. False
 /// when there is no room (the interval is then lost, and counted).
 #[inline(always)]
-fn walk_now(ctx: &BtfTracePointContext, pid: u32, tid: u32, state: u32) -> bool {
+fn walk_now(
+    ctx: &BtfTracePointContext,
+    regs: &profiler_common::UserRegs,
+    pid: u32,
+    tid: u32,
+    state: u32,
+) -> bool {
     let Some(record) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
         return false;
     };
@@ -202,9 +275,8 @@ fn walk_now(ctx: &BtfTracePointContext, pid: u32, tid: u32, state: u32) -> bool 
         if kernel_frames > 0 {
             flags |= SAMPLE_FLAG_IN_KERNEL;
         }
-        let regs = arch::user_regs();
         let walk =
-            unwind::walk_user_stack(unwind::WALK_SCHEDULER, pid, &regs, record, kernel_frames);
+            unwind::walk_user_stack(unwind::WALK_SCHEDULER, pid, regs, record, kernel_frames);
         if walk.unknown_leaf {
             flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
         }
@@ -311,6 +383,8 @@ fn switched_in(next: *mut task_struct, now: u64) {
             // The user stack is walked when the call returns (sys_exit).
             if OFF_CPU_PENDING.insert(&tid, &*record, 0).is_err() {
                 bump(Counter::OffCpuLost);
+            } else {
+                count_pending(1);
             }
         } else {
             // A kernel thread: no user stack.

@@ -269,6 +269,21 @@ impl Apt {
     }
 }
 
+/// Mounts tracefs at /sys/kernel/tracing when it is not (bpftrace's
+/// `tracepoint:` probes read their formats there); idempotent.
+pub fn mount_tracefs() -> anyhow::Result<()> {
+    let dir = std::path::Path::new("/sys/kernel/tracing");
+    if dir.join("events").is_dir() {
+        return Ok(());
+    }
+    crate::shell::run(
+        std::process::Command::new("mount")
+            .args(["-t", "tracefs", "tracefs"])
+            .arg(dir),
+    )
+    .context("mounting tracefs at /sys/kernel/tracing (bpftrace's tracepoints need it)")
+}
+
 fn is_installed(package: &str) -> bool {
     output(Command::new("dpkg-query").args(["-W", "-f", "${Status}", package]))
         .is_some_and(|status| status.contains("install ok installed"))

@@ -78,6 +78,20 @@ pub fn program_ids(pid: u32) -> Vec<u64> {
 /// Summed counters of the `perf_event` programs `pid` holds (only those
 /// named `name`, if given). None when it holds none yet.
 pub fn perf_event_counters(pid: u32, name: Option<&str>) -> anyhow::Result<Option<BpfCounters>> {
+    counters(pid, Some("perf_event"), name)
+}
+
+/// Summed counters of every program `pid` holds (of type `kind` only, if
+/// given). None when it holds none yet.
+pub fn program_counters(pid: u32, kind: Option<&str>) -> anyhow::Result<Option<BpfCounters>> {
+    counters(pid, kind, None)
+}
+
+fn counters(
+    pid: u32,
+    kind_wanted: Option<&str>,
+    name: Option<&str>,
+) -> anyhow::Result<Option<BpfCounters>> {
     let ids = program_ids(pid);
     if ids.is_empty() {
         return Ok(None);
@@ -100,7 +114,7 @@ pub fn perf_event_counters(pid: u32, name: Option<&str>) -> anyhow::Result<Optio
         let id = field("id").unwrap_or(0);
         let kind = program.get("type").and_then(serde_json::Value::as_str);
         let program_name = program.get("name").and_then(serde_json::Value::as_str);
-        if !ids.contains(&id) || kind != Some("perf_event") {
+        if !ids.contains(&id) || kind_wanted.is_some_and(|k| kind != Some(k)) {
             continue;
         }
         if name.is_some_and(|n| program_name != Some(n)) {

@@ -9,6 +9,7 @@ mod codec;
 mod continuous;
 mod growth;
 mod listener;
+mod offcpu;
 mod overhead;
 mod process;
 mod profilers;
@@ -166,6 +167,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         "listener",
         listener::run(&env, &plan).map(|r| results.listener = Some(r)),
     );
+    results.off_cpu = offcpu::run(&env, &plan);
+    errors.append(&mut results.off_cpu.errors);
     results.continuous = continuous::run(&env, &plan);
     errors.append(&mut results.continuous.errors);
     let (unwinding, mut unwinding_errors) = unwinding::run(&env, &plan);

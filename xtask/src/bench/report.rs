@@ -25,6 +25,7 @@ pub struct Results {
     pub continuous: Continuous,
     pub unwinding: super::unwinding::Unwinding,
     pub listener: Option<super::listener::Listener>,
+    pub off_cpu: super::offcpu::OffCpuBench,
     pub load_before: String,
     pub load_after: String,
     pub elapsed: Duration,
@@ -308,6 +309,8 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
         "| probe overhead (uprobe/USDT latency histograms) vs bpftrace | not yet |\n|---|---|\n"
     );
 
+    off_cpu_section(&mut md, plan, &r.off_cpu);
+
     // Targets.
     let _ = writeln!(md, "## Targets\n");
     let _ = writeln!(md, "```");
@@ -399,6 +402,80 @@ fn unwinding_section(md: &mut String, plan: &Plan, r: &Results) {
         }
         let _ = writeln!(md, "```\n");
     }
+}
+
+/// Section 9: what off-CPU profiling costs the profiled program.
+fn off_cpu_section(md: &mut String, plan: &Plan, b: &super::offcpu::OffCpuBench) {
+    use super::offcpu::{Condition, OffCpuWorkload};
+    let _ = writeln!(md, "## 9. Off-CPU profiling\n");
+    let _ = writeln!(
+        md,
+        "Throughput under each tracer, system-wide, divided by the unprofiled throughput of \
+         the same repetition (1.000 = no loss); {} repetitions of {:.0} s, conditions rotated. \
+         The agent's BPF time per context switch is the kernel's `run_time_ns` of all its \
+         programs (CPU sampling included) over the machine's context switches.\n",
+        plan.reps,
+        plan.window.as_secs_f64()
+    );
+    let _ = write!(md, "| condition |");
+    for w in OffCpuWorkload::ALL {
+        let _ = write!(md, " {} |", w.name());
+    }
+    let _ = writeln!(
+        md,
+        " command |\n|---|{}---|",
+        "---|".repeat(OffCpuWorkload::ALL.len())
+    );
+    for c in Condition::ALL.into_iter().skip(1) {
+        let _ = write!(md, "| {} |", c.name());
+        for w in OffCpuWorkload::ALL {
+            let ratio = b.ratios(c, w).map_or("–".into(), |s| s.show(1.0, 3, ""));
+            let bpf = b
+                .bpf_ns_per_switch(c, w)
+                .map_or(String::new(), |ns| format!("; BPF {ns:.0} ns/switch"));
+            let _ = write!(md, " {ratio}{bpf} |");
+        }
+        let _ = writeln!(md, " `{}` |", c.command_line(plan.hz).replace('|', "\\|"));
+    }
+    for w in OffCpuWorkload::ALL {
+        let switches: Vec<f64> = b
+            .switches
+            .iter()
+            .filter(|s| s.0 == w)
+            .map(|s| s.1)
+            .collect();
+        if let Some(s) = Summary::of(&switches) {
+            let _ = writeln!(
+                md,
+                "\n{}: {} context switches per second unprofiled (the machine's `ctxt`).",
+                w.name(),
+                s.show(1.0, 0, "")
+            );
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nGoroutine-level blocking (what `go tool trace -pprof=sync|net` shows) needs a probe \
+         where the Go runtime parks and readies goroutines; a uprobe costs every hit a trap \
+         into the kernel. Hits per second while probed (the last row above is the throughput \
+         that leaves):\n"
+    );
+    for w in OffCpuWorkload::ALL {
+        let rates: Vec<f64> = b
+            .gopark_rate
+            .iter()
+            .filter(|r| r.0 == w)
+            .map(|r| r.1)
+            .collect();
+        if let Some(rate) = Summary::of(&rates) {
+            let _ = writeln!(md, "- {}: {}", w.name(), rate.show(1.0, 0, " hits/s"));
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nLeft out of the agent for that cost on a busy Go server: its thread-level off-CPU \
+         profile shows the same waits in the runtime's idle threads (futex, epoll).\n"
+    );
 }
 
 /// BPF ns per sample of `tool` while `workload` ran.
@@ -651,6 +728,31 @@ pub fn verdicts(plan: &Plan, r: &Results) -> Vec<String> {
         };
         lines.push(format!("{word:<5} {text}"));
     };
+    {
+        use super::offcpu::{Condition, OffCpuWorkload};
+        for w in OffCpuWorkload::ALL {
+            let ours = r
+                .off_cpu
+                .ratios(Condition::AgentOffCpu, w)
+                .map(|s| s.median);
+            let peers = [Condition::Offcputime, Condition::Bpftrace]
+                .map(|c| r.off_cpu.ratios(c, w).map(|s| s.median));
+            let ok = ours
+                .map(|a| peers.iter().all(|p| p.is_some_and(|p| a > p)))
+                .filter(|_| peers.iter().all(Option::is_some));
+            verdict(
+                ok,
+                format!(
+                    "--off-cpu costs less than offcputime and bpftrace on {}: throughput ratio {} \
+                     vs {} and {}",
+                    w.name(),
+                    opt(ours, 3, ""),
+                    opt(peers[0], 3, ""),
+                    opt(peers[1], 3, "")
+                ),
+            );
+        }
+    }
     for w in Workload::ALL {
         let ratio = o.ratios(Tool::Agent, w);
         verdict(

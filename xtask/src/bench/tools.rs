@@ -15,6 +15,8 @@ const BENCH_PACKAGES: &[&str] = &[
     "linux-perf",
     "bpftrace",
     "bpfcc-tools",
+    // offcputime on BTF tracepoints (bcc's needs kprobes).
+    "libbpf-tools",
     "bpftool",
     "golang-go",
     "gcc",
@@ -82,7 +84,7 @@ pub fn bcc_kernel_source(cache: &Path) -> anyhow::Result<Option<PathBuf>> {
 
 /// The C workloads: frame pointers on and sibling calls off so every
 /// profiler can walk their stacks.
-const C_WORKLOADS: &[&str] = &["syscalls", "deepstacks", "burst", "stacks"];
+const C_WORKLOADS: &[&str] = &["syscalls", "deepstacks", "burst", "stacks", "pingpong"];
 
 /// Builds the workloads into `bins` (gcc takes well under a second each;
 /// Go's build cache makes the rebuild cheap).
@@ -123,13 +125,17 @@ pub fn build_workloads(root: &Path, bins: &Path) -> anyhow::Result<()> {
     .context("building burst-nofp (apt install gcc)")?;
     // Debian's Go 1.19, as the issue asks; GOTOOLCHAIN=local keeps newer
     // go commands from fetching a toolchain.
-    run(Command::new("/usr/bin/go")
-        .args(["build", "-o"])
-        .arg(bins.join("goservice"))
-        .arg(".")
-        .current_dir(sources.join("goservice"))
-        .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=mod"))
-    .context("building the Go workload with /usr/bin/go (apt install golang-go)")?;
+    for name in ["goservice", "goserver"] {
+        run(Command::new("/usr/bin/go")
+            .args(["build", "-o"])
+            .arg(bins.join(name))
+            .arg(".")
+            .current_dir(sources.join(name))
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-mod=mod"))
+        .with_context(|| {
+            format!("building the {name} workload with /usr/bin/go (apt install golang-go)")
+        })?;
+    }
     Ok(())
 }
