@@ -362,3 +362,138 @@ fn the_continuous_agent_serves_off_cpu_time_on_pulls_and_metrics() {
     assert!(fixture.finish().success());
     assert!(agent.terminate(Duration::from_secs(20)).success());
 }
+
+/// Outermost user frames of a complete Go stack: a goroutine's
+/// `runtime.goexit`, a thread's `runtime.mstart`, the main thread's
+/// `runtime.rt0_go` (and the entry symbols before it), and
+/// `runtime.mcall` and `runtime.morestack`, where the scheduler runs on a
+/// thread's own stack after putting its goroutine away (parked, or
+/// preempted at its stack check: the goroutine is no longer the thread's,
+/// and Go's own traceback stops there too).
+const GO_ROOTS: &[&str] = &[
+    "runtime.goexit",
+    "runtime.mcall",
+    "runtime.morestack",
+    "runtime.mstart",
+    "runtime.rt0_go",
+    "_rt0_amd64",
+    "_rt0_amd64_linux",
+    "_rt0_arm64_linux",
+];
+
+#[test]
+fn go_threads_wait_in_the_scheduler_and_netpoller_with_complete_stacks() {
+    require_bpf_privileges();
+    let _serial = serial();
+    for version in ["1.19", "1.27.3"] {
+        let go = go_toolchain(version);
+        let out_dir = workspace_root()
+            .join("target/fixtures")
+            .join(std::process::id().to_string());
+        std::fs::create_dir_all(&out_dir).unwrap();
+        let binary = out_dir.join(format!("go-offcpu-{version}"));
+        go_command(
+            &go,
+            &workspace_root().join("tests/fixtures/go_offcpu"),
+            &["build", "-o", binary.to_str().unwrap(), "."],
+            &[],
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("go.pb.gz");
+        let mut fixture = Gated::start(&binary, &[]);
+        let pid = fixture.pid().to_string();
+        let mut agent = Background::start(
+            &agent_bin(),
+            &[
+                "--pid",
+                &pid,
+                "--duration",
+                "60s",
+                "--wall",
+                "--off-cpu-period",
+                "1ms",
+                "-o",
+                out.to_str().unwrap(),
+            ],
+        );
+        agent.wait_for("profiling pid");
+        let line = fixture.run_to_gate();
+        assert_eq!(line.trim(), "done");
+        assert!(fixture.finish().success());
+        let finished = agent.wait_exit(Duration::from_secs(30));
+        assert!(finished.status.success(), "{}", finished.stderr);
+        let report = finished.stderr;
+        let elapsed: f64 = report
+            .split(" in ")
+            .nth(1)
+            .and_then(|rest| rest.split('s').next()?.parse().ok())
+            .unwrap_or_else(|| panic!("no duration in the report: {report}"));
+        let profile = read_pprof(&out);
+        let wall = value_index(&profile, "wall");
+        let stacks = stacks(&profile);
+        let samples: Vec<(&Stack, i64)> = stacks
+            .iter()
+            .zip(&profile.sample)
+            .map(|(stack, sample)| (stack, sample.value[wall]))
+            .collect();
+        let off_cpu: Vec<&(&Stack, i64)> = samples
+            .iter()
+            .filter(|(s, _)| s.labels.contains_key("wait"))
+            .collect();
+        // Complete stacks: nearly all off-CPU time under a Go root.
+        let total: i64 = off_cpu.iter().map(|(_, v)| v).sum();
+        let rooted: i64 = off_cpu
+            .iter()
+            .filter(|(s, _)| user_chain(s).first().is_some_and(|r| GO_ROOTS.contains(r)))
+            .map(|(_, v)| v)
+            .sum();
+        assert!(
+            rooted as f64 >= 0.95 * total as f64,
+            "Go {version}: {:.1}% of off-CPU time under a Go root; cut stacks: {:?}\n{report}",
+            100.0 * rooted as f64 / total.max(1) as f64,
+            off_cpu
+                .iter()
+                .filter(|(s, _)| !user_chain(s).first().is_some_and(|r| GO_ROOTS.contains(r)))
+                .map(|(s, _)| user_chain(s))
+                .take(5)
+                .collect::<Vec<_>>()
+        );
+        // Threads wait where Go's runtime parks them.
+        for (wait, function) in [
+            ("network", "runtime.netpoll"),
+            ("lock", "runtime.futexsleep"),
+        ] {
+            assert!(
+                off_cpu
+                    .iter()
+                    .any(|(s, _)| s.labels["wait"] == wait && s.has(function)),
+                "Go {version}: no wait={wait} stack through {function}"
+            );
+        }
+        // The spinning goroutine's CPU time is there too.
+        assert!(
+            samples
+                .iter()
+                .any(|(s, v)| *v > 0 && !s.labels.contains_key("wait") && s.has("main.spinner")),
+            "Go {version}: no CPU sample in main.spinner"
+        );
+        // No thread has more wall-clock time than the recording, and the
+        // main thread, alive throughout, has about all of it.
+        let mut by_thread: HashMap<&str, i64> = HashMap::new();
+        for (s, v) in &samples {
+            *by_thread.entry(s.labels["tid"].as_str()).or_default() += v;
+        }
+        for (tid, ns) in &by_thread {
+            assert!(
+                (*ns as f64) <= elapsed * 1e9 * 1.1,
+                "Go {version}: thread {tid} has {:.2} s of a {elapsed:.2} s recording",
+                *ns as f64 / 1e9
+            );
+        }
+        let main = by_thread.get(pid.as_str()).copied().unwrap_or(0) as f64 / 1e9;
+        assert!(
+            main >= elapsed * 0.8,
+            "Go {version}: the main thread has {main:.2} s of a {elapsed:.2} s recording"
+        );
+    }
+}
