@@ -1432,8 +1432,10 @@ fn unwind_rows_of_exited_go_processes_are_freed() {
 fn a_long_pull_symbolizes_a_process_that_exited_before_it_ended() {
     let _serial = serial();
     require_bpf_privileges();
+    // Built (if it must be) before the short-lived process starts.
+    agent_bin();
     let dir = tempfile::tempdir().unwrap();
-    let short = Running::start(&hot_named(dir.path(), "short-lived"), &["1.5"]);
+    let short = Running::start(&hot_named(dir.path(), "short-lived"), &["3"]);
     let port = free_port();
     let mut agent = AgentRun::start(&[
         "--pids",
@@ -1446,12 +1448,13 @@ fn a_long_pull_symbolizes_a_process_that_exited_before_it_ended() {
         "",
     ]);
     agent.wait_ready(port);
-    // The pull spans several windows; the process exits after ~1.5 s and
-    // is reaped at once, so /proc forgets it while the pull is open.
+    // The pull spans several windows; the process exits after ~3 s (the
+    // agent is ready well before) and is reaped at once, so /proc forgets
+    // it while the pull is open.
     let waiter = std::thread::spawn(move || short.wait());
     let (status, body) = http_get(
         port,
-        "/debug/pprof/profile?seconds=5",
+        "/debug/pprof/profile?seconds=6",
         Duration::from_secs(30),
     )
     .expect("the pull answers");
@@ -1460,8 +1463,16 @@ fn a_long_pull_symbolizes_a_process_that_exited_before_it_ended() {
     let stacks = stacks(&profiler_agent::profile::pprof::decode(&body).unwrap());
     assert!(
         stacks.iter().any(|s| s.has("hot_a") && s.has("main")),
-        "the exited process's stacks lost their symbols: {stacks:?}\n{}",
-        agent.log()
+        "the exited process's stacks lost their symbols: {stacks:?}\n{}\n{}",
+        agent.log(),
+        http_get(port, "/metrics", Duration::from_secs(5))
+            .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("profiler_agent_kernel")
+                || l.starts_with("profiler_agent_samples"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     assert!(
         stacks

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 pub use profiler_agent::profile::pprof::proto;
 
+pub mod arm64;
 pub mod perf;
 
 /// The workspace root (this crate lives in `tests/`).

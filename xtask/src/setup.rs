@@ -59,7 +59,16 @@ const TEST_PACKAGES: &[&str] = &[
     // systemd-analyze checks deploy/systemd/profiler-agent.service.
     "prometheus",
     "systemd",
+    // The arm64 lane: the guest machine, the initramfs packer, and binutils
+    // for the arm64 fixtures (nm, addr2line as ground truth).
+    "qemu-system-arm",
+    "cpio",
+    "binutils-aarch64-linux-gnu",
 ];
+
+/// The arm64 guest's userland (the kernel is linux-image-arm64's
+/// dependency), downloaded with `apt-get download`, never installed.
+const ARM64_GUEST_PACKAGES: &[&str] = &["busybox-static:arm64", "libc6:arm64", "libgcc-s1:arm64"];
 
 pub fn ensure(tier: Tier) -> anyhow::Result<()> {
     let mut apt = Apt::default();
@@ -71,7 +80,60 @@ pub fn ensure(tier: Tier) -> anyhow::Result<()> {
         ensure_kubernetes_validate()?;
         ensure_grpcio()?;
         ensure_rust_target("aarch64-unknown-linux-gnu")?;
+        ensure_arm64_guest()?;
     }
+    Ok(())
+}
+
+/// Debian's arm64 kernel and the guest's userland, unpacked under
+/// `${XDG_CACHE_HOME:-~/.cache}/profiler-agent/arm64/` (`kernel/`,
+/// `root/`) for the arm64 lane (tests/src/arm64.rs). Idempotent: a
+/// `.complete` marker says it is done.
+fn ensure_arm64_guest() -> anyhow::Result<()> {
+    let dir = cache_dir()?.join("arm64");
+    if dir.join(".complete").exists() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!("setting up the arm64 guest adds Debian's arm64 architecture: run as root");
+    }
+    let foreign =
+        output(Command::new("dpkg").arg("--print-foreign-architectures")).unwrap_or_default();
+    if !foreign.lines().any(|a| a.trim() == "arm64") {
+        run(Command::new("dpkg").args(["--add-architecture", "arm64"]))?;
+    }
+    run(Command::new("apt-get")
+        .args(["update", "-q"])
+        .env("DEBIAN_FRONTEND", "noninteractive"))?;
+    let depends = output(Command::new("apt-cache").args(["depends", "linux-image-arm64:arm64"]))
+        .unwrap_or_default();
+    let kernel = depends
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Depends: "))
+        .filter(|p| p.starts_with("linux-image-"))
+        .map(str::to_string)
+        .context("apt-cache found no kernel behind linux-image-arm64:arm64")?;
+    let debs = dir.join("debs");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&debs)?;
+    let mut packages: Vec<&str> = ARM64_GUEST_PACKAGES.to_vec();
+    packages.push(&kernel);
+    run(Command::new("apt-get")
+        .arg("download")
+        .args(&packages)
+        .current_dir(&debs))
+    .context("downloading the arm64 guest's packages")?;
+    for entry in std::fs::read_dir(&debs)? {
+        let deb = entry?.path();
+        let name = deb.file_name().unwrap_or_default().to_string_lossy();
+        let into = if name.starts_with("linux-image-") {
+            dir.join("kernel")
+        } else {
+            dir.join("root")
+        };
+        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&into))?;
+    }
+    std::fs::write(dir.join(".complete"), format!("{kernel}\n"))?;
     Ok(())
 }
 

@@ -280,6 +280,12 @@ impl Agent {
         while !stop.load(Relaxed) {
             let recorder = self.recorder.as_mut().expect("a recorder while running");
             recorder.poll(POLL);
+            // A process's service, container and pod are read when its
+            // first samples arrive, while it surely exists: one that exits
+            // before its window ends is still named.
+            for pid in recorder.take_new_pids() {
+                self.meta.get(pid);
+            }
             while let Ok(request) = self.pull_requests.try_recv() {
                 self.start_pull(request);
             }

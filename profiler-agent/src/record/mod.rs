@@ -202,6 +202,10 @@ pub struct Recorder {
     /// Processes sampled since the table loader was last told (it evicts
     /// the tables of the least recently sampled first).
     sampled: std::collections::HashSet<u32>,
+    /// Processes seen for the first time since `take_new_pids`, and every
+    /// process seen (forgotten with the exited ones).
+    new_pids: Vec<u32>,
+    seen: std::collections::HashSet<u32>,
 }
 
 impl Recorder {
@@ -253,6 +257,8 @@ impl Recorder {
             },
             started: Instant::now(),
             sampled: Default::default(),
+            new_pids: Vec::new(),
+            seen: Default::default(),
         })
     }
 
@@ -261,8 +267,13 @@ impl Recorder {
         let recording = &mut self.recording;
         let tables = &self.tables;
         let sampled = &mut self.sampled;
+        let new_pids = &mut self.new_pids;
+        let seen = &mut self.seen;
         let count = self.sampler.drain(timeout, |sample| {
             sampled.insert(sample.pid);
+            if seen.insert(sample.pid) {
+                new_pids.push(sample.pid);
+            }
             aggregate(recording, tables, sample)
         });
         if let Some(tables) = &self.tables
@@ -271,6 +282,11 @@ impl Recorder {
             tables.sampled(self.sampled.drain().collect());
         }
         count
+    }
+
+    /// Processes whose first samples arrived since the last call.
+    pub fn take_new_pids(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.new_pids)
     }
 
     /// CPUs being sampled.
@@ -370,6 +386,7 @@ impl Recorder {
             }
             alive
         });
+        self.seen.retain(|pid| !gone.contains(pid));
         let mapped = self.recording.processes.object_ids();
         if let Some(tables) = &self.tables {
             for pid in gone {

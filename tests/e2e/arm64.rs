@@ -1,0 +1,643 @@
+//! The agent on arm64, for real: one boot of Debian's arm64 kernel under
+//! qemu-system-aarch64 (see `profiler_tests::arm64`) runs the cross-built
+//! agent against cross-built fixtures, scenario after scenario; each test
+//! below checks one scenario's output with the same assertions as on
+//! x86_64, and ground truth from host tools run on the same binaries
+//! (`go tool addr2line`, `aarch64-linux-gnu-addr2line`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use profiler_tests::arm64::{Guest, GuestRun, Scenario, arm64_agent, run_guest, tail};
+use profiler_tests::*;
+
+/// Go toolchains the arm64 Go fixture is built with: Debian's and the
+/// newest.
+const GO_VERSIONS: [&str; 2] = ["1.19", "1.27.3"];
+const SECONDS: u32 = 3;
+
+fn fixtures_dir() -> PathBuf {
+    let dir = workspace_root()
+        .join("target/fixtures")
+        .join(std::process::id().to_string())
+        .join("arm64");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn cross_gcc(out: &Path, sources: &[PathBuf], flags: &[&str]) -> PathBuf {
+    let output = Command::new("aarch64-linux-gnu-gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(out)
+        .args(sources)
+        .output()
+        .expect("running aarch64-linux-gnu-gcc (`cargo xtask setup --tests`)");
+    assert!(
+        output.status.success(),
+        "aarch64-linux-gnu-gcc {flags:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out.to_path_buf()
+}
+
+fn c_fixture(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures/c").join(name)
+}
+
+fn go_fixture(version: &str, stripped: bool) -> PathBuf {
+    let go = go_toolchain(version);
+    let out = fixtures_dir().join(format!("go-{version}{}", if stripped { "-s" } else { "" }));
+    let mut args = vec!["build", "-o", out.to_str().unwrap()];
+    if stripped {
+        args.push("-ldflags=-s -w");
+    }
+    args.push(".");
+    go_command(
+        &go,
+        &workspace_root().join("tests/fixtures/go"),
+        &args,
+        &[("GOARCH", "arm64"), ("CGO_ENABLED", "0")],
+    );
+    out
+}
+
+/// The scenarios, their binaries and the guest script, built once.
+fn guest() -> (Guest, HashMap<&'static str, PathBuf>) {
+    let dir = fixtures_dir();
+    let mut binaries: HashMap<&'static str, PathBuf> = HashMap::new();
+    binaries.insert(
+        "hot",
+        cross_gcc(
+            &dir.join("hot"),
+            &[c_fixture("hot.c")],
+            &["-O0", "-g", "-fno-omit-frame-pointer"],
+        ),
+    );
+    binaries.insert(
+        "nofp",
+        cross_gcc(
+            &dir.join("nofp"),
+            &[c_fixture("nofp.c")],
+            &["-O2", "-g", "-fomit-frame-pointer"],
+        ),
+    );
+    binaries.insert(
+        "syscalls",
+        cross_gcc(
+            &dir.join("syscalls"),
+            &[c_fixture("syscalls.c")],
+            &["-O2", "-g", "-fno-omit-frame-pointer"],
+        ),
+    );
+    binaries.insert(
+        "offcpu",
+        cross_gcc(
+            &dir.join("offcpu"),
+            &[c_fixture("offcpu.c")],
+            &["-O2", "-g", "-pthread", "-fno-optimize-sibling-calls"],
+        ),
+    );
+    // The latency fixture: sys/sdt.h is architecture-neutral, but Debian
+    // installs it under the x86_64 multiarch directory only.
+    let include = dir.join("sdt-include/sys");
+    std::fs::create_dir_all(&include).unwrap();
+    for name in ["sdt.h", "sdt-config.h"] {
+        std::fs::copy(
+            Path::new("/usr/include/x86_64-linux-gnu/sys").join(name),
+            include.join(name),
+        )
+        .unwrap_or_else(|e| panic!("copying sys/{name} (systemtap-sdt-dev): {e}"));
+    }
+    let usdt = workspace_root().join("tests/fixtures/usdt");
+    binaries.insert(
+        "latency",
+        cross_gcc(
+            &dir.join("latency"),
+            &[usdt.join("latency.c"), usdt.join("latency_sem.c")],
+            &[
+                "-O2",
+                "-g",
+                "-isystem",
+                dir.join("sdt-include").to_str().unwrap(),
+            ],
+        ),
+    );
+    let go_names = [
+        ("1.19", false, "go-1.19"),
+        ("1.19", true, "go-1.19-s"),
+        ("1.27.3", false, "go-1.27.3"),
+        ("1.27.3", true, "go-1.27.3-s"),
+    ];
+    for (version, stripped, name) in go_names {
+        binaries.insert(name, go_fixture(version, stripped));
+    }
+
+    let mut guest = Guest::default();
+    guest
+        .files
+        .push(("/bin/profiler-agent".into(), arm64_agent()));
+    for (name, path) in &binaries {
+        guest.files.push((format!("/bin/{name}"), path.clone()));
+    }
+    let mut script = String::from(
+        r#"A=/bin/profiler-agent
+# profile NAME SECONDS COMMAND...: the agent on COMMAND's pid.
+profile() {
+    name=$1; secs=$2; shift 2
+    begin $name
+    "$@" & P=$!
+    sleep 0.5
+    $A --pid $P -d ${secs}s -o /tmp/$name.pb.gz
+    rc=$?
+    kill $P; wait $P 2>/dev/null
+    file /tmp/$name.pb.gz
+    end $name $rc
+}
+# wait_for FILE TEXT: up to 60 s.
+wait_for() {
+    i=0
+    while ! grep -q "$2" "$1" 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+}
+"#,
+    );
+    script.push_str(&format!(
+        "profile c-fp {SECONDS} /bin/hot\n\
+         profile c-nofp {SECONDS} /bin/nofp\n\
+         profile syscalls {SECONDS} /bin/syscalls\n"
+    ));
+    for (_, _, name) in go_names {
+        script.push_str(&format!("profile {name} {SECONDS} /bin/{name}\n"));
+    }
+    script.push_str(
+        r#"
+begin probes-list
+$A probes list /bin/latency
+end probes-list $?
+
+begin latency
+mkfifo /tmp/gate
+/bin/latency 3 wait < /tmp/gate > /tmp/latency.out & L=$!
+exec 3>/tmp/gate
+$A latency --pid $L usdt:/bin/latency:demo:op__start usdt:/bin/latency:demo:op__done \
+    > /tmp/hist.out 2> /tmp/hist.err & AG=$!
+wait_for /tmp/hist.err "attached "
+echo go >&3
+wait_for /tmp/latency.out "^ops"
+kill -INT $AG; wait $AG; rc=$?
+echo go >&3; exec 3>&-; wait $L
+cat /tmp/latency.out /tmp/hist.out /tmp/hist.err
+end latency $rc
+
+begin off-cpu
+mkfifo /tmp/gate2
+/bin/offcpu waits /tmp < /tmp/gate2 > /tmp/offcpu.out & O=$!
+exec 4>/tmp/gate2
+$A --pid $O -d 120s --off-cpu --off-cpu-period 200us -o /tmp/off-cpu.pb.gz 2> /tmp/off.err & AG=$!
+wait_for /tmp/off.err "profiling pid"
+echo go >&4
+wait_for /tmp/offcpu.out "sleep="
+echo go >&4; exec 4>&-; wait $O
+wait $AG; rc=$?
+cat /tmp/offcpu.out /tmp/off.err
+file /tmp/off-cpu.pb.gz
+end off-cpu $rc
+"#,
+    );
+    // symbolize: addresses chosen on the host (function starts and
+    // insides), answered in the guest.
+    for name in ["hot", "go-1.27.3"] {
+        let addresses = symbolize_addresses(&binaries[name]);
+        script.push_str(&format!(
+            "\nbegin symbolize-{name}\n$A symbolize --binary /bin/{name} --format json {}\n\
+             end symbolize-{name} $?\n",
+            addresses
+                .iter()
+                .map(|a| format!("{a:#x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ));
+    }
+    guest.script = script;
+    (guest, binaries)
+}
+
+/// The guest's run (or why it failed), and the fixtures by name.
+type Run = (Result<GuestRun, String>, HashMap<&'static str, PathBuf>);
+
+/// One guest run shared by every test in this file (the tests run one at
+/// a time; the first boots the guest).
+fn run() -> &'static Run {
+    static RUN: OnceLock<Run> = OnceLock::new();
+    RUN.get_or_init(|| {
+        require_bpf_privileges();
+        let (guest, binaries) = guest();
+        let result = run_guest(&guest, Duration::from_secs(900));
+        if let Ok(run) = &result {
+            eprintln!(
+                "arm64 guest: {} scenarios in {:.0} s",
+                run.scenarios.len(),
+                run.elapsed.as_secs_f64()
+            );
+        }
+        (result, binaries)
+    })
+}
+
+/// Scenario `name`, which must have exited 0.
+fn scenario(name: &str) -> (&'static Scenario, &'static HashMap<&'static str, PathBuf>) {
+    let (result, binaries) = run();
+    let run = result.as_ref().unwrap_or_else(|e| panic!("{e}"));
+    let scenario = run.scenario(name);
+    assert_eq!(
+        scenario.status,
+        Some(0),
+        "{name} failed in the arm64 guest:\n{}",
+        scenario.log
+    );
+    (scenario, binaries)
+}
+
+fn profile_of(scenario: &Scenario, name: &str) -> proto::Profile {
+    let bytes = scenario
+        .files
+        .get(&format!("/tmp/{name}.pb.gz"))
+        .unwrap_or_else(|| panic!("{name}: no profile came back:\n{}", scenario.log));
+    profiler_agent::profile::pprof::decode(bytes)
+        .unwrap_or_else(|e| panic!("{name}: the profile does not decode: {e}\n{}", scenario.log))
+}
+
+fn user_chain(stack: &Stack) -> Vec<&str> {
+    stack
+        .frames
+        .iter()
+        .rev()
+        .filter(|(_, kernel)| !kernel)
+        .map(|(name, _)| name.as_str())
+        .collect()
+}
+
+fn share(stacks: &[Stack], keep: impl Fn(&Stack) -> bool) -> f64 {
+    let total: i64 = stacks.iter().map(|s| s.count).sum();
+    let kept: i64 = stacks.iter().filter(|s| keep(s)).map(|s| s.count).sum();
+    kept as f64 / total.max(1) as f64
+}
+
+#[test]
+fn arm64_c_with_frame_pointers_has_the_split_and_complete_chains() {
+    let (s, _) = scenario("c-fp");
+    let stacks = stacks(&profile_of(s, "c-fp"));
+    let a: i64 = stacks
+        .iter()
+        .filter(|s| s.has("hot_a"))
+        .map(|s| s.count)
+        .sum();
+    let b: i64 = stacks
+        .iter()
+        .filter(|s| s.has("hot_b"))
+        .map(|s| s.count)
+        .sum();
+    let split = a as f64 / (a + b).max(1) as f64;
+    assert!(
+        (0.58..=0.76).contains(&split) && a + b > 100,
+        "hot_a's share {split:.2} of {} samples (expected about 2/3):\n{}",
+        a + b,
+        s.log
+    );
+    let complete = share(&stacks, |s| {
+        let chain = user_chain(s);
+        chain.first() == Some(&"_start")
+            && chain.contains(&"main")
+            && chain.contains(&"round_trip")
+            && chain.last() == Some(&"work")
+    });
+    assert!(
+        complete >= 0.9,
+        "{:.0}% of stacks run _start .. main .. round_trip .. work: {:?}",
+        complete * 100.0,
+        stacks.iter().take(5).map(user_chain).collect::<Vec<_>>()
+    );
+    // No AArch64 mapping symbol ($x, $d) is taken for a function name.
+    for stack in &stacks {
+        assert!(
+            !stack.frames.iter().any(|(n, _)| n.starts_with('$')),
+            "a mapping symbol named a frame: {:?}",
+            stack.frames
+        );
+    }
+}
+
+#[test]
+fn arm64_c_without_frame_pointers_reaches_main_through_cfi() {
+    let (s, _) = scenario("c-nofp");
+    let stacks = stacks(&profile_of(s, "c-nofp"));
+    let reach = share(&stacks, |s| {
+        let chain = user_chain(s);
+        chain.first() == Some(&"_start") && chain.contains(&"main")
+    });
+    assert!(
+        reach >= 0.9,
+        "{:.0}% of the no-frame-pointer program's stacks reach main: {:?}\n{}",
+        reach * 100.0,
+        stacks.iter().take(5).map(user_chain).collect::<Vec<_>>(),
+        s.log
+    );
+    assert!(
+        stacks.iter().any(|s| s.has("by_weight") && s.has("qsort")),
+        "no comparator called back from libc's qsort"
+    );
+}
+
+#[test]
+fn arm64_kernel_frames_sit_under_the_system_call() {
+    let (s, _) = scenario("syscalls");
+    let stacks = stacks(&profile_of(s, "syscalls"));
+    let in_kernel = share(&stacks, |s| {
+        s.frames.first().is_some_and(|(_, kernel)| *kernel)
+            && s.frames.iter().any(|(n, k)| *k && n.contains("sys_read"))
+            && user_chain(s).last() == Some(&"do_reads")
+    });
+    assert!(
+        in_kernel >= 0.5,
+        "{:.0}% of samples in the kernel's read under do_reads: {:?}",
+        in_kernel * 100.0,
+        stacks.iter().take(3).map(|s| &s.frames).collect::<Vec<_>>()
+    );
+}
+
+/// Go roots: a goroutine's goexit, the scheduler's mcall/morestack, a
+/// thread's mstart.
+const GO_ROOTS: &[&str] = &[
+    "runtime.goexit",
+    "runtime.mcall",
+    "runtime.morestack",
+    "runtime.mstart",
+    "runtime.rt0_go",
+];
+
+/// `go tool addr2line` of `binary` for `pcs`: the function of each.
+fn go_addr2line(binary: &Path, pcs: &[u64]) -> Vec<String> {
+    let input: String = pcs.iter().map(|pc| format!("{pc:#x}\n")).collect();
+    let mut child = Command::new(go_toolchain("1.27.3"))
+        .args(["tool", "addr2line"])
+        .arg(binary)
+        .env("GOTOOLCHAIN", "local")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("go tool addr2line");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn arm64_go_stacks_are_complete_with_inline_frames_and_match_go_addr2line() {
+    for version in GO_VERSIONS {
+        for name in [format!("go-{version}"), format!("go-{version}-s")] {
+            let (s, binaries) = scenario(&name);
+            let profile = profile_of(s, &name);
+            let stacks = stacks(&profile);
+            let rooted = share(&stacks, |s| {
+                user_chain(s).first().is_some_and(|r| GO_ROOTS.contains(r))
+            });
+            let on_main = share(&stacks, |s| {
+                user_chain(s).first() == Some(&"runtime.goexit") && s.has("main.hot")
+            });
+            assert!(
+                rooted >= 0.95 && on_main >= 0.6,
+                "{name}: {:.0}% of stacks rooted, {:.0}% through main.hot to goexit: {:?}\n{}",
+                rooted * 100.0,
+                on_main * 100.0,
+                stacks.iter().take(5).map(user_chain).collect::<Vec<_>>(),
+                s.log
+            );
+            assert!(
+                stacks
+                    .iter()
+                    .any(|s| s.has("main.mix") && s.has("main.hot")),
+                "{name}: no inlined main.mix frame inside main.hot"
+            );
+            // Every location in the binary named as go tool addr2line names
+            // it (the physical function; callers looked up one byte back).
+            let binary = &binaries[name.as_str()];
+            let s_of = |i: i64| profile.string_table[i as usize].as_str();
+            let functions: HashMap<u64, &str> = profile
+                .function
+                .iter()
+                .map(|f| (f.id, s_of(f.name)))
+                .collect();
+            let locations: Vec<(u64, &str)> = profile
+                .location
+                .iter()
+                .filter(|l| {
+                    profile
+                        .mapping
+                        .iter()
+                        .find(|m| m.id == l.mapping_id)
+                        .is_some_and(|m| s_of(m.filename).ends_with(&format!("/{name}")))
+                })
+                .filter_map(|l| Some((l.address, functions[&l.line.last()?.function_id])))
+                .collect();
+            assert!(!locations.is_empty(), "{name}: no location in the binary");
+            let pcs: Vec<u64> = locations.iter().map(|(a, _)| a - 1).collect();
+            let theirs = go_addr2line(binary, &pcs);
+            let differ: Vec<String> = locations
+                .iter()
+                .zip(&theirs)
+                .filter(|((_, ours), theirs)| ours != theirs)
+                .map(|((a, ours), theirs)| format!("{a:#x}: ours {ours}, addr2line {theirs}"))
+                .collect();
+            assert!(
+                differ.len() * 50 <= locations.len(),
+                "{name}: {} of {} locations named differently from go tool addr2line: {differ:?}",
+                differ.len(),
+                locations.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn arm64_probes_list_and_latency_histogram_count_every_operation() {
+    let (s, _) = scenario("probes-list");
+    for probe in ["demo:op__start", "demo:op__done", "demo_sem:op__start"] {
+        let (provider, name) = probe.split_once(':').unwrap();
+        assert!(
+            s.log.contains(provider) && s.log.contains(name),
+            "probes list misses {probe}:\n{}",
+            s.log
+        );
+    }
+    let (s, _) = scenario("latency");
+    assert!(s.log.contains("ops 21"), "{}", s.log);
+    let counts: Vec<u64> = s
+        .log
+        .lines()
+        .filter_map(|l| l.strip_prefix("count "))
+        .filter_map(|rest| rest.split(',').next()?.trim().parse().ok())
+        .collect();
+    assert_eq!(counts, [21], "one histogram of 21 operations:\n{}", s.log);
+}
+
+#[test]
+fn arm64_off_cpu_time_matches_what_the_program_measured() {
+    let (s, _) = scenario("off-cpu");
+    let measured: HashMap<&str, i64> = s
+        .log
+        .split_whitespace()
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            Some((k, v.parse().ok()?))
+        })
+        .collect();
+    let profile = profile_of(s, "off-cpu");
+    let index = profile
+        .sample_type
+        .iter()
+        .position(|t| profile.string_table[t.r#type as usize] == "off_cpu")
+        .expect("an off_cpu sample type");
+    let stacks = stacks(&profile);
+    // fsync on the guest's tmpfs does not wait: sleep, lock and pipe.
+    for (function, key) in [
+        ("wait_for_sleep", "sleep"),
+        ("wait_for_lock", "lock"),
+        ("wait_for_pipe", "pipe"),
+    ] {
+        let ours: i64 = stacks
+            .iter()
+            .zip(&profile.sample)
+            .filter(|(stack, _)| stack.has(function))
+            .map(|(_, sample)| sample.value[index])
+            .sum();
+        let truth = *measured
+            .get(key)
+            .unwrap_or_else(|| panic!("no {key}= in the fixture's output:\n{}", s.log));
+        let error = (ours - truth).abs() as f64 / truth.max(1) as f64;
+        assert!(
+            error <= 0.10,
+            "{function}: agent {:.3} s, program {:.3} s\n{}",
+            ours as f64 / 1e9,
+            truth as f64 / 1e9,
+            s.log
+        );
+    }
+}
+
+/// Addresses of `binary` to symbolize: every function symbol's start and
+/// a point inside it, for the functions the fixtures define.
+fn symbolize_addresses(binary: &Path) -> Vec<u64> {
+    let output = Command::new("aarch64-linux-gnu-nm")
+        .args(["--defined-only", "-S"])
+        .arg(binary)
+        .output()
+        .expect("running aarch64-linux-gnu-nm (binutils-aarch64-linux-gnu)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut addresses = Vec::new();
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() != 4 || !matches!(fields[2], "T" | "t") {
+            continue;
+        }
+        let name = fields[3];
+        let wanted = ["main", "round_trip", "hot_a", "hot_b", "work"].contains(&name)
+            || name == "main.hot"
+            || name == "main.main";
+        if !wanted {
+            continue;
+        }
+        let (Ok(start), Ok(size)) = (
+            u64::from_str_radix(fields[0], 16),
+            u64::from_str_radix(fields[1], 16),
+        ) else {
+            continue;
+        };
+        addresses.push(start);
+        addresses.push(start + ((size / 2) & !3));
+    }
+    assert!(!addresses.is_empty(), "no fixture function in {text}");
+    addresses
+}
+
+#[test]
+fn arm64_symbolize_answers_as_addr2line() {
+    for name in ["hot", "go-1.27.3"] {
+        let (s, binaries) = scenario(&format!("symbolize-{name}"));
+        let frames = parse_symbolize_json(s.log.trim());
+        let binary = &binaries[name];
+        let pcs: Vec<u64> = frames.iter().map(|(pc, _)| *pc).collect();
+        assert!(
+            !pcs.is_empty(),
+            "{name}: symbolize printed nothing:\n{}",
+            s.log
+        );
+        let theirs: Vec<String> = if name.starts_with("go-") {
+            go_addr2line(binary, &pcs)
+        } else {
+            let output = Command::new("aarch64-linux-gnu-addr2line")
+                .arg("-f")
+                .arg("-e")
+                .arg(binary)
+                .args(pcs.iter().map(|pc| format!("{pc:#x}")))
+                .output()
+                .expect("aarch64-linux-gnu-addr2line");
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        for ((pc, ours), theirs) in frames.iter().zip(&theirs) {
+            let physical = ours.last().map(|f| f.function.as_str()).unwrap_or("");
+            assert_eq!(
+                physical, theirs,
+                "{name} {pc:#x}: ours {ours:?}, addr2line {theirs}"
+            );
+        }
+    }
+}
+
+#[test]
+fn arm64_guest_ran_every_scenario() {
+    let (result, _) = run();
+    let run = result.as_ref().unwrap_or_else(|e| panic!("{e}"));
+    let expected = [
+        "c-fp",
+        "c-nofp",
+        "syscalls",
+        "go-1.19",
+        "go-1.19-s",
+        "go-1.27.3",
+        "go-1.27.3-s",
+        "probes-list",
+        "latency",
+        "off-cpu",
+        "symbolize-hot",
+        "symbolize-go-1.27.3",
+    ];
+    for name in expected {
+        assert!(
+            run.scenarios.contains_key(name),
+            "{name} missing; console:\n{}",
+            tail(&run.console, 40)
+        );
+    }
+    assert!(
+        run.console.contains("=== GUEST aarch64"),
+        "{}",
+        tail(&run.console, 20)
+    );
+}
