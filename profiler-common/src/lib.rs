@@ -172,7 +172,8 @@ pub enum Counter {
     /// Off-CPU: records written to the ring buffer.
     OffCpuSent = 14,
     /// Off-CPU: intervals lost because their stack could not be kept
-    /// until the thread ran again (the pending map was full).
+    /// until the thread ran again (the pending map was full), or because
+    /// the thread was switched out twice with no switch-in seen between.
     OffCpuLost = 15,
     /// Off-CPU: records lost to a full ring buffer.
     OffCpuRingBufferFull = 16,

@@ -67,8 +67,10 @@ pub const MAX_OFF_CPU_THREADS: u32 = 32768;
 
 /// Records waiting for their thread to run again (stacks walked at the
 /// switch-out) or to return from its system call, per CPU of the machine
-/// (the loader multiplies), and the floor.
-pub const OFF_CPU_PENDING_PER_CPU: u32 = 16;
+/// (the loader multiplies; the map's LRU lists are per CPU, so this is
+/// each CPU's share: a run queue this long of traced threads preempted in
+/// user mode), and the floor.
+pub const OFF_CPU_PENDING_PER_CPU: u32 = 32;
 pub const MIN_OFF_CPU_PENDING: u32 = 256;
 
 /// Globals the loader sets (read-only: the verifier sees constants).

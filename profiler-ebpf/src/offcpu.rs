@@ -51,9 +51,20 @@ static OFF_CPU_THREADS: LruHashMap<u32, OffCpuThread> =
 /// (until the switch-in gives the interval), or an interval with its
 /// kernel stack (until the system call returns and the user stack is
 /// walked). Sized by the loader from the number of CPUs.
+///
+/// Per-CPU LRU lists (`BPF_F_NO_COMMON_LRU`): with the common list, a CPU
+/// whose local free list runs dry refills it 128 nodes at a time and,
+/// when fewer are free globally, evicts the oldest entries — live records,
+/// in a map of a few hundred entries that is far from full. Per CPU, an
+/// entry is only evicted by that CPU's own inserts once its share is in
+/// use (by threads that died inside a system call and never came back for
+/// their record).
 #[map]
 static OFF_CPU_PENDING: LruHashMap<u32, Sample> =
-    LruHashMap::with_max_entries(MIN_OFF_CPU_PENDING, 0);
+    LruHashMap::with_max_entries(MIN_OFF_CPU_PENDING, BPF_F_NO_COMMON_LRU);
+
+/// `BPF_F_NO_COMMON_LRU` of the kernel's UAPI.
+const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
 
 /// Records in `OFF_CPU_PENDING` waiting for a system call's return: while
 /// there are none (most of the time, with sampling), `sys_exit` costs one
@@ -164,8 +175,7 @@ pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
         }
         let kernel_frames = ((*record).kernel_frames as u32).min(MAX_STACK_DEPTH as u32);
         let regs = arch::saved_user().regs;
-        let walk =
-            unwind::walk_user_stack(unwind::WALK_SCHEDULER, pid, &regs, record, kernel_frames);
+        let walk = unwind::walk_user_stack(unwind::WALK_SYSCALL, pid, &regs, record, kernel_frames);
         (*record).pid = pid;
         (*record).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
         (*record).user_frames = walk.frames as u16;
@@ -223,6 +233,16 @@ fn switched_out(
         // SAFETY: the entry of the current thread, which only its own
         // switches and its wakeup touch.
         unsafe {
+            if (*entry).out_ns != 0 {
+                // Switched out twice with no switch-in seen between (it
+                // happens, rarely, on 6.18): that interval's end is
+                // unknown, so it is lost, and the stacks walked for it
+                // must not be taken for this one's.
+                bump(Counter::OffCpuLost);
+                if (*entry).flags & THREAD_STACK_PENDING != 0 && flags & THREAD_STACK_PENDING == 0 {
+                    let _ = OFF_CPU_PENDING.remove(&tid);
+                }
+            }
             (*entry).out_ns = now;
             (*entry).wake_ns = 0;
             (*entry).state = state;
@@ -257,8 +277,20 @@ fn walk_now(
     let Some(record) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
         return false;
     };
-    // SAFETY: this CPU's scratch record, ours for the program's run.
+    // SAFETY: this CPU's scratch record, ours for the program's run; a
+    // pending record of the current thread, which no other program touches
+    // while it runs.
     unsafe {
+        if let Some(old) = OFF_CPU_PENDING.get_ptr(&tid)
+            && awaits_syscall_exit(old)
+        {
+            // Its system call returned without sys_exit taking it (the
+            // thread was preempted on the way out, after sys_exit ran):
+            // send its time with the kernel stack it has rather than
+            // overwrite it.
+            emit(old, (*old).kernel_frames as u32, false);
+            count_pending(-1);
+        }
         let mut flags = 0u16;
         let kernel = bpf_get_stack(
             ctx.as_ptr(),
@@ -350,10 +382,20 @@ fn switched_in(next: *mut task_struct, now: u64) {
     if thread.flags & THREAD_IN_SYSCALL != 0
         && let Some(record) = OFF_CPU_PENDING.get_ptr_mut(&tid)
     {
-        // Blocked again in the same system call: one record for the call.
         // SAFETY: as above.
-        unsafe { add_interval(record, now, off, runq, weight) };
-        return;
+        unsafe {
+            if awaits_syscall_exit(record) {
+                // Blocked again in the same system call: one record for
+                // the call.
+                add_interval(record, now, off, runq, weight);
+                return;
+            }
+            // Stacks walked for a switch whose end went unseen: not this
+            // interval's. (Merged into, it would never be counted as
+            // waiting for sys_exit, and each later interval of the thread
+            // would pile onto it until the next walk overwrote them all.)
+            let _ = OFF_CPU_PENDING.remove(&tid);
+        }
     }
 
     let Some(record) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
@@ -391,6 +433,17 @@ fn switched_in(next: *mut task_struct, now: u64) {
             emit(record, kernel_frames, false);
         }
     }
+}
+
+/// A pending record of intervals that waits for its system call's return
+/// (its user stack not walked yet), not stacks walked at a switch-out.
+///
+/// # Safety
+/// `record` must point to a readable `Sample`.
+#[inline(always)]
+unsafe fn awaits_syscall_exit(record: *const Sample) -> bool {
+    // SAFETY: the caller's promise.
+    unsafe { (*record).intervals > 0 && (*record).user_frames == 0 }
 }
 
 /// The off-CPU time an interval of `off` nanoseconds stands for, or 0 when

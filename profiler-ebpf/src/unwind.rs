@@ -87,14 +87,18 @@ struct WalkState {
 }
 
 /// One walk state per context that can walk on a CPU at once: the
-/// perf-event program (`WALK_SAMPLING`) can interrupt a scheduler
-/// tracepoint's walk (`WALK_SCHEDULER`), whose programs run with
-/// preemption off and so never interrupt each other.
+/// perf-event program (`WALK_SAMPLING`) can interrupt any walk; the
+/// `sys_exit` program (`WALK_SYSCALL`) runs preemptible, so the scheduler's
+/// switch (`WALK_SCHEDULER`, preemption off) can run on its CPU in the
+/// middle of its walk (seen: a thread preempted inside it). A second
+/// `sys_exit` cannot start on that CPU meanwhile: the kernel skips a
+/// program's recursion on one CPU.
 #[map]
-static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(2, 0);
+static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(3, 0);
 
 pub const WALK_SAMPLING: u32 = 0;
 pub const WALK_SCHEDULER: u32 = 1;
+pub const WALK_SYSCALL: u32 = 2;
 
 /// What each loop step needs, passed through `bpf_loop`'s context pointer.
 #[repr(C)]

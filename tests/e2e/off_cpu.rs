@@ -246,7 +246,15 @@ fn run_queue_time_per_thread_matches_schedstat() {
 fn wall_clock_profile_of_a_half_sleeping_thread_is_half_cpu_half_off_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("half.pb.gz");
-    let run = run(&["half"], &["--wall", "--off-cpu-period", "1ms"], &out);
+    // 997 Hz: the thread's 10 ms busy/asleep cycle beats against a
+    // 100 Hz clock (its on-CPU samples came out 1.2-1.66 s for 1.5 s of
+    // CPU); at a rate prime to the cycle they count its CPU time within
+    // a few percent.
+    let run = run(
+        &["half"],
+        &["--wall", "--off-cpu-period", "1ms", "-F", "997"],
+        &out,
+    );
     let tid = run.measured["tid"].to_string();
     let thread = |s: &Stack| s.labels.get("tid") == Some(&tid);
     let wall = total(&run.profile, "wall", thread);
@@ -254,26 +262,34 @@ fn wall_clock_profile_of_a_half_sleeping_thread_is_half_cpu_half_off_cpu() {
         thread(s) && !s.labels.contains_key("wait")
     });
     let asleep = total(&run.profile, "wall", |s| thread(s) && s.has("half_asleep"));
-    // The thread lived 3 s: its wall-clock time adds up to that.
+    let parts = format!(
+        "on CPU {:.3} s, in half_asleep {:.3} s\n{}",
+        on_cpu as f64 / 1e9,
+        asleep as f64 / 1e9,
+        run.report
+    );
+    // Each part against what the thread measured itself: its lifetime,
+    // its CPU time (thread CPU clock) and the time its naps took.
     assert_within(
         "the thread's wall-clock time",
         wall,
-        3_000_000_000,
+        run.measured["lived"],
         0.10,
-        &run.report,
+        &parts,
     );
-    let share = on_cpu as f64 / wall as f64;
-    assert!(
-        (0.4..=0.6).contains(&share),
-        "on-CPU share {share:.2} of the half-busy thread, expected about 0.5\n{}",
-        run.report
+    assert_within(
+        "the thread's time on the CPU",
+        on_cpu,
+        run.measured["cpu"],
+        0.10,
+        &parts,
     );
     assert_within(
         "time in half_asleep",
         asleep,
-        1_500_000_000,
-        0.15,
-        &run.report,
+        run.measured["asleep"],
+        0.10,
+        &parts,
     );
     let top = go_pprof(&["-top"], &out);
     assert!(top.contains("Type: wall"), "{top}");
@@ -330,15 +346,19 @@ fn the_continuous_agent_serves_off_cpu_time_on_pulls_and_metrics() {
     let (status, body) = pull.join().unwrap().expect("the pull answers");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let profile = profiler_agent::profile::pprof::decode(&body).expect("valid pprof");
-    let tid = line.trim().trim_start_matches("tid=").to_string();
+    let measured: HashMap<&str, &str> = line
+        .split_whitespace()
+        .filter_map(|pair| pair.split_once('='))
+        .collect();
+    let tid = measured["tid"].to_string();
     let asleep = total(&profile, "off_cpu", |s| {
         s.labels.get("tid") == Some(&tid) && s.has("half_asleep")
     });
     assert_within(
         "time in half_asleep, pulled",
         asleep,
-        1_500_000_000,
-        0.15,
+        measured["asleep"].parse().unwrap(),
+        0.10,
         &agent.log(),
     );
     assert!(

@@ -104,6 +104,8 @@ file() { echo "=== FILE $1"; base64 "$1"; echo "=== ENDFILE"; }
 
 const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
+mkdir -p /dev
+mount -t devtmpfs dev /dev 2>/dev/null
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t tmpfs tmp /tmp

@@ -250,7 +250,7 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
         eprintln!(
             "  off-CPU: {} switches traced; {} intervals recorded ({:.3}s blocked, {:.3}s waiting \
              for a CPU), {} shorter than --off-cpu-min, {} left out by sampling (the recorded \
-             ones stand for them), {} lost (no room to keep the stack), {} lost (ring buffer \
+             ones stand for them), {} lost (no room to keep the stack, or the end not seen), {} lost (ring buffer \
              full)",
             c.off_cpu_switches,
             o.intervals,
