@@ -1,5 +1,5 @@
-//! Any text as /proc/PID/maps, /proc/kallsyms, a USDT argument spec (both
-//! architectures) or a probe spec: never a panic.
+//! Any text as /proc/PID/maps, /proc/kallsyms, a JIT perf map, a USDT
+//! argument spec (both architectures) or a probe spec: never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -15,4 +15,8 @@ fuzz_target!(|data: &[u8]| {
         let _ = ArgSpec::parse(text, arch);
     }
     let _ = ProbeSpec::parse(text);
+    let jit = profiler_agent::symbolize::perf_map::PerfMap::parse(text);
+    for address in [0, 0x1000, 0x7f00_0000_0000, u64::MAX] {
+        let _ = jit.lookup(address);
+    }
 });

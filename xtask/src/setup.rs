@@ -64,6 +64,11 @@ const TEST_PACKAGES: &[&str] = &[
     "qemu-system-arm",
     "cpio",
     "binutils-aarch64-linux-gnu",
+    // MiniDebugInfo: xz packs the section, gdb (which reads it) is the
+    // ground truth; unshare puts the JIT fixture in its own pid namespace.
+    "xz-utils",
+    "gdb",
+    "util-linux",
 ];
 
 /// The arm64 guest's userland (the kernel is linux-image-arm64's

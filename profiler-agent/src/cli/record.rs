@@ -272,6 +272,12 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
         s.user_unresolved,
         s.kernel_unresolved,
     );
+    if s.jit_resolved > 0 {
+        eprintln!(
+            "  JIT: {} addresses named by the processes' perf maps (/tmp/perf-PID.map)",
+            s.jit_resolved
+        );
+    }
     let t = &recording.unwind_tables;
     if t.tables_loaded > 0 || c.frames_from_tables > 0 {
         eprintln!(

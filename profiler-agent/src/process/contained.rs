@@ -51,6 +51,12 @@ pub enum ContainedError {
 }
 
 impl ContainedError {
+    /// The file is not there (nothing to report).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, ContainedError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::NotFound)
+    }
+
     /// Refused for what the file is (not a failure to find it): counted and
     /// named once in the log.
     pub fn is_refusal(&self) -> bool {

@@ -9,10 +9,12 @@
 
 pub mod contained;
 mod container;
+mod jit;
 mod maps;
 mod object;
 
 pub use container::{ContainerInfo, ContainerRuntime, container_of, parse_cgroup};
+pub use jit::{JitMap, namespace_pid};
 pub use maps::{Backing, MapEntry, parse_maps};
 pub use object::{ObjectFile, ObjectId};
 
@@ -83,6 +85,9 @@ pub struct Process {
     pub mappings: Vec<Mapping>,
     /// False when `/proc/PID` could not be read at capture time.
     pub captured: bool,
+    /// Its JIT symbol map (`/tmp/perf-PID.map`), when it has anonymous
+    /// executable mappings.
+    pub jit: Option<Arc<JitMap>>,
     maps_read_at: Instant,
 }
 
@@ -95,6 +100,7 @@ impl Process {
             name: name.into(),
             mappings,
             captured: true,
+            jit: None,
             maps_read_at: Instant::now(),
         }
     }
@@ -219,11 +225,31 @@ impl ProcessTable {
             .map(|entry| self.mapping(&dir, &mut root_dir, &entry))
             .collect();
         mappings.sort_by_key(|m| m.start);
+        // Code in anonymous executable memory is a JIT's: its names, if
+        // the runtime publishes them, are in the perf map under the pid
+        // the process knows itself by (its own pid namespace's).
+        let jit = mappings
+            .iter()
+            .any(|m| m.path.is_none() && m.name == "[anon]")
+            .then(|| {
+                let root = root_dir
+                    .get_or_insert_with(|| {
+                        contained::Root::open(&dir.join("root")).ok().map(Arc::new)
+                    })
+                    .clone()?;
+                let nspid = std::fs::read_to_string(dir.join("status"))
+                    .ok()
+                    .and_then(|status| namespace_pid(&status))
+                    .unwrap_or(pid);
+                Some(Arc::new(JitMap::new(root, pid, nspid)))
+            })
+            .flatten();
         Process {
             pid,
             name,
             mappings,
             captured,
+            jit,
             maps_read_at: Instant::now(),
         }
     }

@@ -14,13 +14,14 @@ pub mod elf;
 mod frame;
 pub mod go;
 pub mod kernel;
+pub mod perf_map;
 
 pub use elf::{ElfError, ElfObject};
 pub use frame::{Frame, Resolver};
 pub use kernel::KernelSymbols;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 
 use crate::process::{Mapping, ObjectFile, ObjectId, Process};
@@ -40,6 +41,8 @@ pub struct SymbolizerStats {
     pub user_unresolved: u64,
     pub kernel_resolved: u64,
     pub kernel_unresolved: u64,
+    /// User addresses named by a JIT's perf map (also in `user_resolved`).
+    pub jit_resolved: u64,
 }
 
 /// Maps an object file read-only.
@@ -66,6 +69,7 @@ fn add_debug_info(
         return;
     }
     let Some((_, debug_file)) = dwarf::find_debug_file(parsed, file) else {
+        add_minidebuginfo(object, parsed, &file.path);
         return;
     };
     let Some(debug_data) = map_file(&debug_file).ok().map(Arc::new) else {
@@ -79,6 +83,35 @@ fn add_debug_info(
         }
         let debug_bytes: FileBytes = debug_data.clone();
         let symbols = elf::ElfSymbols::from_object(&debug, &debug_bytes);
+        if !symbols.is_empty() {
+            object.push_resolver(Box::new(symbols));
+        }
+        Ok(())
+    });
+}
+
+/// Names from MiniDebugInfo (`.gnu_debugdata`), for a binary without a
+/// debug file: tried after the binary's own symbols, whose `.dynsym` names
+/// what it exports, so they name the rest.
+fn add_minidebuginfo(object: &mut ElfObject, parsed: &object::File<'_>, path: &Path) {
+    use object::{Object, ObjectSection};
+    let Some(compressed) = parsed
+        .section_by_name(".gnu_debugdata")
+        .and_then(|s| s.data().ok())
+    else {
+        return;
+    };
+    let image = match elf::minidebuginfo::decompress(compressed) {
+        Ok(image) => image,
+        Err(e) => {
+            tracing::debug!("{}: {e}", path.display());
+            return;
+        }
+    };
+    let data: FileBytes = Arc::new(image);
+    let _ = elf::guard(|| {
+        let mini = object::File::parse((*data).as_ref())?;
+        let symbols = elf::ElfSymbols::from_object(&mini, &data);
         if !symbols.is_empty() {
             object.push_resolver(Box::new(symbols));
         }
@@ -228,6 +261,9 @@ impl Symbolizer {
             Some(mapping) if mapping.object.is_none() && mapping.name == "[vdso]" => {
                 self.in_vdso(mapping, lookup_pc)
             }
+            Some(mapping) if mapping.path.is_none() && process.is_some_and(|p| p.jit.is_some()) => {
+                self.in_jit(process.and_then(|p| p.jit.as_deref()), mapping, lookup_pc)
+            }
             Some(mapping) => self.in_mapping(mapping, pc, lookup_pc),
         };
         if result.resolved {
@@ -261,6 +297,33 @@ impl Symbolizer {
                 resolved: true,
             },
             _ => Symbolized::unresolved(format!("[vdso]+{offset:#x}")),
+        }
+    }
+
+    /// A frame in anonymous executable memory: a JIT's code, named by the
+    /// runtime's perf map when it writes one.
+    fn in_jit(
+        &mut self,
+        jit: Option<&crate::process::JitMap>,
+        mapping: &Mapping,
+        lookup_pc: u64,
+    ) -> Symbolized {
+        let Some(jit) = jit else {
+            return Symbolized::unresolved(format!("{}+{lookup_pc:#x}", mapping.name));
+        };
+        let name = jit.lookup(lookup_pc);
+        if let Some(problem) = jit.take_problem() {
+            self.problems.push(problem);
+        }
+        match name {
+            Some(name) => {
+                self.stats.jit_resolved += 1;
+                Symbolized {
+                    frames: vec![Frame::named(name)],
+                    resolved: true,
+                }
+            }
+            None => Symbolized::unresolved(format!("[jit] {lookup_pc:#x}")),
         }
     }
 

@@ -1,6 +1,7 @@
 //! ELF object files: load segments (to turn file offsets into virtual
 //! addresses), the build id, and the resolvers that name addresses.
 
+pub mod minidebuginfo;
 mod symbols;
 
 pub use symbols::ElfSymbols;
