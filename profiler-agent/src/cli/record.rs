@@ -272,6 +272,21 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
         s.user_unresolved,
         s.kernel_unresolved,
     );
+    if let Some(d) = &symbolizer.debuginfod {
+        let d = d.stats;
+        eprintln!(
+            "  debuginfod: {} debug files fetched, {} from the cache, {} no server had, {} \
+             rejected (wrong build id), {} not asked for (fetch time budget spent)",
+            d.fetched, d.cached, d.missing, d.rejected, d.over_budget
+        );
+    }
+    for problem in symbolizer
+        .debuginfod
+        .iter()
+        .flat_map(|d| d.problems.iter().take(5))
+    {
+        eprintln!("  {problem}");
+    }
     if s.jit_resolved > 0 {
         eprintln!(
             "  JIT: {} addresses named by the processes' perf maps (/tmp/perf-PID.map)",

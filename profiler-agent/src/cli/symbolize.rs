@@ -88,6 +88,19 @@ fn in_address_order(
 
 pub fn run(args: &SymbolizeArgs) -> anyhow::Result<()> {
     let mut symbolizer = Symbolizer::default();
+    let results = symbolize(args, &mut symbolizer)?;
+    // Debug files a server could not give are warnings: the names come
+    // from what else there is.
+    for problem in symbolizer.debuginfod.iter().flat_map(|d| &d.problems) {
+        eprintln!("warning: {problem}");
+    }
+    print(args, &results)
+}
+
+fn symbolize(
+    args: &SymbolizeArgs,
+    symbolizer: &mut Symbolizer,
+) -> anyhow::Result<Vec<(u64, Symbolized)>> {
     let results: Vec<(u64, Symbolized)> = match (&args.binary, args.pid) {
         (Some(path), _) => {
             let file = ObjectFile::open_path(path)
@@ -111,9 +124,13 @@ pub fn run(args: &SymbolizeArgs) -> anyhow::Result<()> {
         }
         (None, None) => bail!("give --binary PATH or --pid PID"),
     };
+    Ok(results)
+}
+
+fn print(args: &SymbolizeArgs, results: &[(u64, Symbolized)]) -> anyhow::Result<()> {
     match args.format {
         OutputFormat::Text => {
-            for (address, symbolized) in &results {
+            for (address, symbolized) in results {
                 for frame in &symbolized.frames {
                     let location = match (&frame.file, frame.line) {
                         (Some(file), Some(line)) => format!("{file}:{line}"),
@@ -127,15 +144,15 @@ pub fn run(args: &SymbolizeArgs) -> anyhow::Result<()> {
         }
         OutputFormat::Json => {
             let json: Vec<AddressFrames> = results
-                .into_iter()
+                .iter()
                 .map(|(address, symbolized)| AddressFrames {
                     address: format!("{address:#x}"),
                     frames: symbolized
                         .frames
-                        .into_iter()
+                        .iter()
                         .map(|f| JsonFrame {
-                            function: f.function,
-                            file: f.file,
+                            function: f.function.clone(),
+                            file: f.file.clone(),
                             line: f.line,
                             inlined: f.inlined,
                         })

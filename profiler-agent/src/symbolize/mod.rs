@@ -8,6 +8,7 @@
 //! frame like `libfoo.so+0x1234` and is counted.
 
 mod bytes;
+pub mod debuginfod;
 pub mod demangle;
 pub mod dwarf;
 pub mod elf;
@@ -63,12 +64,16 @@ fn add_debug_info(
     data: &Arc<memmap2::Mmap>,
     file: &ObjectFile,
     maps: &mut Vec<Weak<memmap2::Mmap>>,
+    debuginfod: Option<&mut debuginfod::Debuginfod>,
 ) {
     if let Some(dwarf) = dwarf::DwarfSymbols::from_object(parsed, data) {
         object.insert_before_symbols(Box::new(dwarf));
         return;
     }
-    let Some((_, debug_file)) = dwarf::find_debug_file(parsed, file) else {
+    let debug_file = dwarf::find_debug_file(parsed, file)
+        .map(|(_, file)| file)
+        .or_else(|| fetch_debug_file(parsed, object, debuginfod));
+    let Some(debug_file) = debug_file else {
         add_minidebuginfo(object, parsed, &file.path);
         return;
     };
@@ -88,6 +93,23 @@ fn add_debug_info(
         }
         Ok(())
     });
+}
+
+/// The debug file of a stripped object (no `.symtab`, no DWARF; not Go,
+/// whose pclntab names everything) from the debuginfod servers, when
+/// configured.
+fn fetch_debug_file(
+    parsed: &object::File<'_>,
+    object: &ElfObject,
+    debuginfod: Option<&mut debuginfod::Debuginfod>,
+) -> Option<std::fs::File> {
+    use object::Object;
+    let debuginfod = debuginfod?;
+    if parsed.symbol_table().is_some() || object.go_symbols().is_some() {
+        return None;
+    }
+    let path = debuginfod.debuginfo(object.build_id.as_deref()?)?;
+    std::fs::File::open(path).ok()
 }
 
 /// Names from MiniDebugInfo (`.gnu_debugdata`), for a binary without a
@@ -150,11 +172,18 @@ pub struct Symbolizer {
     /// One line per object or source that failed, for the run's report.
     pub problems: Vec<String>,
     pub stats: SymbolizerStats,
+    /// Debug files by build id from debuginfod servers (`DEBUGINFOD_URLS`).
+    pub debuginfod: Option<debuginfod::Debuginfod>,
 }
 
 impl Default for Symbolizer {
+    /// The machine's kallsyms, and debuginfod when `DEBUGINFOD_URLS` is
+    /// set (elfutils' variables, see `debuginfod`).
     fn default() -> Self {
-        Self::new("/proc/kallsyms")
+        let mut symbolizer = Self::new("/proc/kallsyms");
+        symbolizer.debuginfod =
+            debuginfod::DebuginfodConfig::from_env().map(debuginfod::Debuginfod::new);
+        symbolizer
     }
 }
 
@@ -169,6 +198,7 @@ impl Symbolizer {
             maps: Vec::new(),
             problems: Vec::new(),
             stats: SymbolizerStats::default(),
+            debuginfod: None,
         }
     }
 
@@ -241,7 +271,15 @@ impl Symbolizer {
                 return Ok(shared.clone());
             }
             let mut object = ElfObject::from_file(&parsed, &bytes, Some(&data));
-            add_debug_info(&mut object, &parsed, &data, file, &mut self.maps);
+            add_debug_info(
+                &mut object,
+                &parsed,
+                &data,
+                file,
+                &mut self.maps,
+                self.debuginfod.as_mut(),
+            );
+
             let object = Arc::new(object);
             if let Some(id) = &object.build_id {
                 self.by_build_id.insert(id.clone(), object.clone());
