@@ -234,3 +234,64 @@ fn a_hostile_gnu_debugdata_section_is_refused_quietly() {
         assert_eq!(names.len(), 1, "{name}: {names:?}");
     }
 }
+
+/// FDE ranges of `binary` as binutils reads them:
+/// "... FDE cie=... pc=START..END".
+fn readelf_fdes(binary: &Path) -> Vec<(u64, u64)> {
+    let text = run(
+        "readelf",
+        &["--debug-dump=frames", binary.to_str().unwrap()],
+        Path::new("/"),
+    );
+    let mut fdes: Vec<(u64, u64)> = text
+        .lines()
+        .filter(|l| l.contains(" FDE "))
+        .filter_map(|l| {
+            let (start, end) = l.split_once("pc=")?.1.split_once("..")?;
+            Some((
+                u64::from_str_radix(start.trim(), 16).ok()?,
+                u64::from_str_radix(end.trim(), 16).ok()?,
+            ))
+        })
+        .filter(|&(start, end)| start != 0 && end > start)
+        .collect();
+    fdes.sort_unstable();
+    fdes
+}
+
+#[test]
+fn unnamed_addresses_of_debians_stripped_programs_are_named_by_their_fde_start() {
+    for binary in [
+        Path::new("/usr/bin/xz"),
+        Path::new("/usr/lib/x86_64-linux-gnu/libsqlite3.so.0"),
+    ] {
+        let fdes = readelf_fdes(binary);
+        assert!(fdes.len() > 50, "{}: {} FDEs", binary.display(), fdes.len());
+        // Inside every FDE, up to 400 of them spread over the file.
+        let step = (fdes.len() / 400).max(1);
+        let picked: Vec<(u64, u64)> = fdes.iter().step_by(step).copied().collect();
+        let addresses: Vec<u64> = picked.iter().map(|&(s, e)| s + (e - s) / 2).collect();
+        let names = symbolize(binary, &addresses);
+        let file = binary.file_name().unwrap().to_str().unwrap();
+        let mut unnamed = 0;
+        for ((start, _), name) in picked.iter().zip(&names) {
+            let Some(offset) = name.strip_prefix(&format!("{file}+")) else {
+                continue; // named by .dynsym
+            };
+            unnamed += 1;
+            assert_eq!(
+                offset,
+                format!("{start:#x}"),
+                "{}: an address of the FDE at {start:#x} named {name}",
+                binary.display()
+            );
+        }
+        // xz exports next to nothing; libsqlite3 its whole API.
+        assert!(
+            unnamed >= 50,
+            "{}: only {unnamed} of {} unnamed (a stripped file?)",
+            binary.display(),
+            picked.len()
+        );
+    }
+}

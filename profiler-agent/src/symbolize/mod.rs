@@ -390,7 +390,10 @@ impl Symbolizer {
                 frames,
                 resolved: true,
             },
-            _ => Symbolized::unresolved(format!("{}+{address:#x}", mapping.name)),
+            _ => {
+                let start = object.function_start(address).unwrap_or(address);
+                Symbolized::unresolved(format!("{}+{start:#x}", mapping.name))
+            }
         }
     }
 
@@ -400,12 +403,18 @@ impl Symbolizer {
             || file.path.display().to_string(),
             |n| n.to_string_lossy().into_owned(),
         );
-        match self.object(file).and_then(|object| object.resolve(address)) {
+        let object = self.object(file);
+        match object.as_ref().and_then(|object| object.resolve(address)) {
             Some(frames) if !frames.is_empty() => Symbolized {
                 frames,
                 resolved: true,
             },
-            _ => Symbolized::unresolved(format!("{name}+{address:#x}")),
+            _ => {
+                let start = object
+                    .and_then(|o| o.function_start(address))
+                    .unwrap_or(address);
+                Symbolized::unresolved(format!("{name}+{start:#x}"))
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 //! ELF object files: load segments (to turn file offsets into virtual
 //! addresses), the build id, and the resolvers that name addresses.
 
+pub mod fde;
 pub mod minidebuginfo;
 mod symbols;
 
@@ -32,6 +33,9 @@ pub struct ElfObject {
     pub build_id: Option<Vec<u8>>,
     resolvers: Vec<Box<dyn Resolver>>,
     go: Option<std::sync::Arc<super::go::GoSymbols>>,
+    /// Function bounds from CFI, for a stripped native object (no
+    /// `.symtab`): its unnamed addresses are grouped by function.
+    fde: Option<fde::FdeBounds>,
 }
 
 /// Whether `file` was built by Go: it has Go's build-id note or build-info
@@ -117,11 +121,15 @@ impl ElfObject {
         if !symbols.is_empty() {
             resolvers.push(Box::new(symbols));
         }
+        let fde = (go.is_none() && file.symbol_table().is_none())
+            .then(|| fde::FdeBounds::of(file))
+            .filter(|bounds| !bounds.is_empty());
         ElfObject {
             segments,
             build_id,
             resolvers,
             go,
+            fde,
         }
     }
 
@@ -163,6 +171,13 @@ impl ElfObject {
     /// Adds a resolver to try last.
     pub fn push_resolver(&mut self, resolver: Box<dyn Resolver>) {
         self.resolvers.push(resolver);
+    }
+
+    /// For an address no resolver names: the start of its function by
+    /// the CFI (stripped objects only), so its samples group under one
+    /// `object+0xSTART` name.
+    pub fn function_start(&self, address: u64) -> Option<u64> {
+        self.fde.as_ref()?.start_of(address)
     }
 
     /// Whether any resolver can name functions in this object.
