@@ -69,9 +69,11 @@ impl Mapping {
         self.start <= address && address < self.end
     }
 
-    /// The file offset of a runtime address inside this mapping.
+    /// The file offset of a runtime address inside this mapping (wrapping,
+    /// never a panic, for an address outside it: the offset then matches
+    /// no segment).
     pub fn file_offset(&self, address: u64) -> u64 {
-        address - self.start + self.offset
+        address.wrapping_sub(self.start).wrapping_add(self.offset)
     }
 }
 

@@ -294,6 +294,12 @@ impl Symbolizer {
     /// `unwind`); the frame name of an unknown address keeps `pc`.
     pub fn user(&mut self, process: Option<&Process>, pc: u64, lookup_pc: u64) -> Symbolized {
         let mapping = process.and_then(|p| p.mapping_for(pc));
+        // A return address at the very start of a mapping: one byte back is
+        // in the mapping below (or nowhere); look up the address itself.
+        let lookup_pc = match mapping {
+            Some(mapping) if !mapping.contains(lookup_pc) => pc,
+            _ => lookup_pc,
+        };
         let result = match mapping {
             None => Symbolized::unresolved(format!("[unknown] {pc:#x}")),
             Some(mapping) if mapping.object.is_none() && mapping.name == "[vdso]" => {
@@ -538,6 +544,11 @@ mod tests {
         assert_eq!(result.frames[0].function, "gone+0x1010");
         let result = symbolizer.user(Some(&process), 0x90000, 0x90000);
         assert_eq!(result.frames[0].function, "[unknown] 0x90000");
+        // A return address at the mapping's first byte: one byte back is
+        // outside it (this panicked on an overflow, found by the bench's
+        // system-wide runs).
+        let result = symbolizer.user(Some(&process), 0x10000, 0xffff);
+        assert_eq!(result.frames[0].function, "gone+0x1000");
         let result = symbolizer.kernel(0xffffffff81000000);
         assert!(!result.resolved);
         assert!(
