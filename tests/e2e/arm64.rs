@@ -270,16 +270,6 @@ fn profile_of(scenario: &Scenario, name: &str) -> proto::Profile {
         .unwrap_or_else(|e| panic!("{name}: the profile does not decode: {e}\n{}", scenario.log))
 }
 
-fn user_chain(stack: &Stack) -> Vec<&str> {
-    stack
-        .frames
-        .iter()
-        .rev()
-        .filter(|(_, kernel)| !kernel)
-        .map(|(name, _)| name.as_str())
-        .collect()
-}
-
 fn share(stacks: &[Stack], keep: impl Fn(&Stack) -> bool) -> f64 {
     let total: i64 = stacks.iter().map(|s| s.count).sum();
     let kept: i64 = stacks.iter().filter(|s| keep(s)).map(|s| s.count).sum();
@@ -308,7 +298,7 @@ fn arm64_c_with_frame_pointers_has_the_split_and_complete_chains() {
         s.log
     );
     let complete = share(&stacks, |s| {
-        let chain = user_chain(s);
+        let chain = s.user_chain();
         chain.first() == Some(&"_start")
             && chain.contains(&"main")
             && chain.contains(&"round_trip")
@@ -318,7 +308,11 @@ fn arm64_c_with_frame_pointers_has_the_split_and_complete_chains() {
         complete >= 0.9,
         "{:.0}% of stacks run _start .. main .. round_trip .. work: {:?}",
         complete * 100.0,
-        stacks.iter().take(5).map(user_chain).collect::<Vec<_>>()
+        stacks
+            .iter()
+            .take(5)
+            .map(Stack::user_chain)
+            .collect::<Vec<_>>()
     );
     // No AArch64 mapping symbol ($x, $d) is taken for a function name.
     for stack in &stacks {
@@ -335,14 +329,18 @@ fn arm64_c_without_frame_pointers_reaches_main_through_cfi() {
     let (s, _) = scenario("c-nofp");
     let stacks = stacks(&profile_of(s, "c-nofp"));
     let reach = share(&stacks, |s| {
-        let chain = user_chain(s);
+        let chain = s.user_chain();
         chain.first() == Some(&"_start") && chain.contains(&"main")
     });
     assert!(
         reach >= 0.9,
         "{:.0}% of the no-frame-pointer program's stacks reach main: {:?}\n{}",
         reach * 100.0,
-        stacks.iter().take(5).map(user_chain).collect::<Vec<_>>(),
+        stacks
+            .iter()
+            .take(5)
+            .map(Stack::user_chain)
+            .collect::<Vec<_>>(),
         s.log
     );
     assert!(
@@ -356,7 +354,7 @@ fn arm64_c_without_frame_pointers_reaches_main_through_cfi() {
             .iter()
             .filter(|s| s.has("by_weight"))
             .take(5)
-            .map(user_chain)
+            .map(Stack::user_chain)
             .collect::<Vec<_>>()
     );
 }
@@ -368,7 +366,7 @@ fn arm64_kernel_frames_sit_under_the_system_call() {
     let in_kernel = share(&stacks, |s| {
         s.frames.first().is_some_and(|(_, kernel)| *kernel)
             && s.frames.iter().any(|(n, k)| *k && n.contains("sys_read"))
-            && user_chain(s).last() == Some(&"do_reads")
+            && s.user_chain().last() == Some(&"do_reads")
     });
     assert!(
         in_kernel >= 0.5,
@@ -422,17 +420,21 @@ fn arm64_go_stacks_are_complete_with_inline_frames_and_match_go_addr2line() {
             let profile = profile_of(s, &name);
             let stacks = stacks(&profile);
             let rooted = share(&stacks, |s| {
-                user_chain(s).first().is_some_and(|r| GO_ROOTS.contains(r))
+                s.user_chain().first().is_some_and(|r| GO_ROOTS.contains(r))
             });
             let on_main = share(&stacks, |s| {
-                user_chain(s).first() == Some(&"runtime.goexit") && s.has("main.hot")
+                s.user_chain().first() == Some(&"runtime.goexit") && s.has("main.hot")
             });
             assert!(
                 rooted >= 0.95 && on_main >= 0.6,
                 "{name}: {:.0}% of stacks rooted, {:.0}% through main.hot to goexit: {:?}\n{}",
                 rooted * 100.0,
                 on_main * 100.0,
-                stacks.iter().take(5).map(user_chain).collect::<Vec<_>>(),
+                stacks
+                    .iter()
+                    .take(5)
+                    .map(Stack::user_chain)
+                    .collect::<Vec<_>>(),
                 s.log
             );
             // Inline frames are checked on symbolize-go-* below, every

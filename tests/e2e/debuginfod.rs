@@ -21,19 +21,6 @@ struct Fixture {
     cache: PathBuf,
 }
 
-fn tool(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {program}: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 /// hot.c built with DWARF, split into a stripped binary and its debug file.
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
@@ -42,9 +29,9 @@ fn fixture() -> Fixture {
     let debug = dir.path().join("hot.debug");
     let stripped = dir.path().join("hot");
     let p = |p: &Path| p.to_str().unwrap().to_string();
-    tool("objcopy", &["--only-keep-debug", &p(&full), &p(&debug)]);
-    tool("strip", &["--strip-all", "-o", &p(&stripped), &p(&full)]);
-    let notes = tool("readelf", &["-n", &p(&stripped)]);
+    run_tool("objcopy", &["--only-keep-debug", &p(&full), &p(&debug)]);
+    run_tool("strip", &["--strip-all", "-o", &p(&stripped), &p(&full)]);
+    let notes = run_tool("readelf", &["-n", &p(&stripped)]);
     let build_id = notes
         .lines()
         .find_map(|l| l.trim().strip_prefix("Build ID: "))
@@ -123,7 +110,7 @@ fn agent(args: &[&str], urls: &str, cache: &Path) -> Output {
 
 /// Starts and middles of the fixture's functions, from the full binary.
 fn addresses(full: &Path) -> Vec<u64> {
-    let text = tool("nm", &["-S", "--defined-only", full.to_str().unwrap()]);
+    let text = run_tool("nm", &["-S", "--defined-only", full.to_str().unwrap()]);
     text.lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -182,7 +169,7 @@ fn addr2line(full: &Path, addresses: &[u64]) -> Vec<(String, String)> {
     let mut args = vec!["-f".to_string(), "-e".into(), full.display().to_string()];
     args.extend(addresses.iter().map(|a| format!("{a:#x}")));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let text = tool("addr2line", &args);
+    let text = run_tool("addr2line", &args);
     let lines: Vec<&str> = text.lines().collect();
     lines
         .chunks(2)

@@ -98,17 +98,6 @@ fn assert_within(what: &str, ours: i64, truth: i64, tolerance: f64, report: &str
     );
 }
 
-/// User frames from the root: `_start`/`clone3` down to the leaf.
-fn user_chain(stack: &Stack) -> Vec<&str> {
-    stack
-        .frames
-        .iter()
-        .rev()
-        .filter(|(_, kernel)| !kernel)
-        .map(|(name, _)| name.as_str())
-        .collect()
-}
-
 #[test]
 fn off_cpu_time_under_each_wait_matches_what_the_program_measured() {
     let dir = tempfile::tempdir().unwrap();
@@ -148,7 +137,7 @@ fn off_cpu_time_under_each_wait_matches_what_the_program_measured() {
                 .collect::<Vec<_>>()
         );
         for stack in blocked {
-            let chain = user_chain(stack);
+            let chain = stack.user_chain();
             assert!(
                 chain.first() == Some(&"clone3")
                     && chain.contains(&"start_thread")
@@ -464,7 +453,7 @@ fn go_threads_wait_in_the_scheduler_and_netpoller_with_complete_stacks() {
         let total: i64 = off_cpu.iter().map(|(_, v)| v).sum();
         let rooted: i64 = off_cpu
             .iter()
-            .filter(|(s, _)| user_chain(s).first().is_some_and(|r| GO_ROOTS.contains(r)))
+            .filter(|(s, _)| s.user_chain().first().is_some_and(|r| GO_ROOTS.contains(r)))
             .map(|(_, v)| v)
             .sum();
         assert!(
@@ -473,8 +462,8 @@ fn go_threads_wait_in_the_scheduler_and_netpoller_with_complete_stacks() {
             100.0 * rooted as f64 / total.max(1) as f64,
             off_cpu
                 .iter()
-                .filter(|(s, _)| !user_chain(s).first().is_some_and(|r| GO_ROOTS.contains(r)))
-                .map(|(s, _)| user_chain(s))
+                .filter(|(s, _)| !s.user_chain().first().is_some_and(|r| GO_ROOTS.contains(r)))
+                .map(|(s, _)| s.user_chain())
                 .take(5)
                 .collect::<Vec<_>>()
         );

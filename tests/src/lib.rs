@@ -172,6 +172,17 @@ impl Stack {
         self.frames.iter().any(|(name, _)| name == function)
     }
 
+    /// The user frames from the root (`_start`, `clone3`, a Go root) down
+    /// to the leaf, kernel frames left out.
+    pub fn user_chain(&self) -> Vec<&str> {
+        self.frames
+            .iter()
+            .rev()
+            .filter(|(_, kernel)| !kernel)
+            .map(|(name, _)| name.as_str())
+            .collect()
+    }
+
     /// Position (leaf = 0) of a function, if present.
     pub fn depth_of(&self, function: &str) -> Option<usize> {
         self.frames.iter().position(|(name, _)| name == function)

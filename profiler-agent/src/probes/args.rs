@@ -3,8 +3,7 @@
 //! compiler chose for the `"nor"` asm constraint, printed in the assembler's
 //! syntax).
 //!
-//! Forms (see /work/shared/design/PROBES.md, checked against sdt.h and
-//! libbpf's usdt.c):
+//! Forms (checked against sdt.h and libbpf's usdt.c):
 //! - x86_64 (AT&T syntax): `%reg`, `$imm`, `disp(%base)`, `(%base)`,
 //!   `disp(%base,%index,scale)`, `sym(%rip)`, `N+sym(%rip)`.
 //! - arm64: `xN`/`wN`/`sp`, `imm`, `[reg]`, `[reg, disp]`.

@@ -16,7 +16,8 @@
 //!   `ref_ctr_offset`) with a BPF program and cookie attached.
 //! - [`latency`]: the `latency` command's plan, BPF session and output.
 //!
-//! Facts used here are collected in /work/shared/design/PROBES.md.
+//! The README's "Probes" and "Latency histograms" sections say what is
+//! supported and how it was checked.
 
 pub mod arch;
 pub mod args;

@@ -1,6 +1,6 @@
 //! USDT probe sites from an ELF file's `.note.stapsdt` section.
 //!
-//! Layout (sys/sdt.h, `_SDT_NOTE_TYPE` 3, and /work/shared/design/PROBES.md):
+//! Layout (sys/sdt.h, `_SDT_NOTE_TYPE` 3):
 //! one note per probe site, owner `stapsdt`, type 3; the descriptor holds
 //! three pointer-sized words (site PC, link-time address of
 //! `_.stapsdt.base`, semaphore address or 0) then three NUL-terminated

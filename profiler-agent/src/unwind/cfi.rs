@@ -93,15 +93,7 @@ pub enum CfiSource {
 /// `.debug_frame`. None when it has neither (or no FDE in them).
 pub fn rows_of(file: &object::File<'_>) -> Option<(ObjectTable, CfiStats, CfiSource)> {
     let arch = Arch::of(file)?;
-    if let Some(section) = file.section_by_name(".eh_frame").filter(|s| s.size() > 0) {
-        let data = section.uncompressed_data().ok()?;
-        let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-        if let Some(text) = file.section_by_name(".text") {
-            bases = bases.set_text(text.address());
-        }
-        if let Some(got) = file.section_by_name(".got") {
-            bases = bases.set_got(got.address());
-        }
+    if let Some((data, bases)) = crate::symbolize::elf::fde::eh_frame_section(file) {
         let mut eh_frame = EhFrame::new(&data, gimli::LittleEndian);
         eh_frame.set_address_size(8);
         let (table, stats) = convert(&eh_frame, &bases, arch);

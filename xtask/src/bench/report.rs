@@ -88,7 +88,12 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
         shell("perf", &["--version"]).trim_start_matches("perf version "),
         shell("bpftrace", &["--version"]).trim_start_matches("bpftrace "),
         shell("dpkg-query", &["-W", "-f", "${Version}", "bpfcc-tools"]),
-        env.agent.display(),
+        // Relative to the workspace: the report is committed, and a path
+        // of the machine it ran on means nothing to its readers.
+        env.agent
+            .strip_prefix(crate::workspace_root())
+            .unwrap_or(&env.agent)
+            .display(),
         r.load_before,
         r.load_after,
         plan.reps,

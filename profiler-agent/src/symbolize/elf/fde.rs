@@ -26,16 +26,7 @@ impl FdeBounds {
     /// The FDE ranges of `file`: `.eh_frame`, else `.debug_frame`.
     pub fn of(file: &object::File<'_>) -> FdeBounds {
         let mut ranges = Vec::new();
-        if let Some(section) = file.section_by_name(".eh_frame").filter(|s| s.size() > 0)
-            && let Ok(data) = section.uncompressed_data()
-        {
-            let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-            if let Some(text) = file.section_by_name(".text") {
-                bases = bases.set_text(text.address());
-            }
-            if let Some(got) = file.section_by_name(".got") {
-                bases = bases.set_got(got.address());
-            }
+        if let Some((data, bases)) = eh_frame_section(file) {
             let mut eh_frame = EhFrame::new(&data, gimli::LittleEndian);
             eh_frame.set_address_size(8);
             collect(&eh_frame, &bases, &mut ranges);
@@ -69,6 +60,23 @@ impl FdeBounds {
     pub fn is_empty(&self) -> bool {
         self.ranges.is_empty()
     }
+}
+
+/// The bytes of `file`'s `.eh_frame` and the base addresses its pointer
+/// encodings are relative to (the section, `.text`, `.got`).
+pub fn eh_frame_section<'data>(
+    file: &object::File<'data>,
+) -> Option<(std::borrow::Cow<'data, [u8]>, BaseAddresses)> {
+    let section = file.section_by_name(".eh_frame").filter(|s| s.size() > 0)?;
+    let data = section.uncompressed_data().ok()?;
+    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
+    if let Some(text) = file.section_by_name(".text") {
+        bases = bases.set_text(text.address());
+    }
+    if let Some(got) = file.section_by_name(".got") {
+        bases = bases.set_got(got.address());
+    }
+    Some((data, bases))
 }
 
 fn collect<R, S>(section: &S, bases: &BaseAddresses, ranges: &mut Vec<(u64, u64)>)
