@@ -1,8 +1,8 @@
 //! Names for stripped binaries from MiniDebugInfo (`.gnu_debugdata`, as
 //! Fedora and RHEL ship them): a fixture is stripped and given the section
 //! with Fedora's own recipe (binutils and xz), then named by the agent's
-//! `symbolize` and in a profile. Ground truth: gdb, which reads the
-//! section, on the same stripped file.
+//! `symbolize` and in a profile. Ground truth: gdb and elfutils'
+//! eu-addr2line, which read the section, on the same stripped file.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -96,6 +96,20 @@ fn function_addresses(full: &Path, functions: &[&str]) -> Vec<(String, u64)> {
 
 /// What gdb says is at `address` of `binary`: "NAME in section" or
 /// "NAME + N in section" gives NAME.
+/// The function elfutils' `eu-addr2line -f` names at `address`.
+fn eu_addr2line(binary: &Path, address: u64) -> String {
+    let text = run_tool(
+        "eu-addr2line",
+        &[
+            "-f",
+            "-e",
+            binary.to_str().unwrap(),
+            &format!("{address:#x}"),
+        ],
+    );
+    text.lines().next().unwrap_or("").trim().to_string()
+}
+
 fn gdb_symbol(binary: &Path, address: u64) -> String {
     let text = run(
         "gdb",
@@ -116,6 +130,14 @@ fn gdb_symbol(binary: &Path, address: u64) -> String {
 }
 
 fn symbolize(binary: &Path, addresses: &[u64]) -> Vec<String> {
+    symbolize_frames(binary, addresses)
+        .into_iter()
+        .map(|f| f.function)
+        .collect()
+}
+
+/// The outermost frame `symbolize --format json` gives each address.
+fn symbolize_frames(binary: &Path, addresses: &[u64]) -> Vec<SymbolizedFrame> {
     let mut args = vec![
         "symbolize".to_string(),
         "--binary".to_string(),
@@ -133,12 +155,7 @@ fn symbolize(binary: &Path, addresses: &[u64]) -> Vec<String> {
     );
     parse_symbolize_json(String::from_utf8_lossy(&output.stdout).trim())
         .into_iter()
-        .map(|(_, frames)| {
-            frames
-                .last()
-                .map(|f| f.function.clone())
-                .unwrap_or_default()
-        })
+        .map(|(_, frames)| frames.last().cloned().expect("a frame"))
         .collect()
 }
 
@@ -153,13 +170,20 @@ fn minidebuginfo_names_stripped_functions_as_gdb_does() {
     assert!(points.len() >= 2 * FUNCTIONS.len(), "{points:?}");
     let addresses: Vec<u64> = points.iter().map(|(_, a)| *a).collect();
 
-    let ours = symbolize(&mini, &addresses);
+    let frames = symbolize_frames(&mini, &addresses);
+    assert!(
+        frames.iter().all(|f| f.source == "minidebuginfo"),
+        "names not marked as from MiniDebugInfo: {frames:?}"
+    );
+    let ours: Vec<String> = frames.into_iter().map(|f| f.function).collect();
     for ((function, address), ours) in points.iter().zip(&ours) {
         let gdb = gdb_symbol(&mini, *address);
+        let elfutils = eu_addr2line(&mini, *address);
         assert_eq!(
-            (ours.as_str(), gdb.as_str()),
-            (function.as_str(), function.as_str()),
-            "{address:#x}: ours {ours}, gdb {gdb}, nm of the unstripped file {function}"
+            (ours.as_str(), gdb.as_str(), elfutils.as_str()),
+            (function.as_str(), function.as_str(), function.as_str()),
+            "{address:#x}: ours {ours}, gdb {gdb}, eu-addr2line {elfutils}, nm of the \
+             unstripped file {function}"
         );
     }
     // The names come from the section: without it, none of them.
@@ -271,14 +295,24 @@ fn unnamed_addresses_of_debians_stripped_programs_are_named_by_their_fde_start()
         let step = (fdes.len() / 400).max(1);
         let picked: Vec<(u64, u64)> = fdes.iter().step_by(step).copied().collect();
         let addresses: Vec<u64> = picked.iter().map(|&(s, e)| s + (e - s) / 2).collect();
-        let names = symbolize(binary, &addresses);
+        let frames = symbolize_frames(binary, &addresses);
         let file = binary.file_name().unwrap().to_str().unwrap();
         let mut unnamed = 0;
-        for ((start, _), name) in picked.iter().zip(&names) {
+        for ((start, _), frame) in picked.iter().zip(&frames) {
+            let name = &frame.function;
             let Some(offset) = name.strip_prefix(&format!("{file}+")) else {
-                continue; // named by .dynsym
+                assert_eq!(frame.source, "dynsym", "{name}: named from what?");
+                continue;
             };
             unnamed += 1;
+            // Marked as grouped: the source, and (as in pprof) the object
+            // as the file without a line.
+            assert_eq!(frame.source, "cfi-grouped", "{name}");
+            assert_eq!(
+                (frame.file.as_deref(), frame.line),
+                (binary.to_str(), None),
+                "{name}"
+            );
             assert_eq!(
                 offset,
                 format!("{start:#x}"),

@@ -255,6 +255,9 @@ pub struct SymbolizedFrame {
     pub file: Option<String>,
     pub line: Option<u32>,
     pub inlined: bool,
+    /// Where the name came from (symtab, dynsym, dwarf, debuginfod, ...).
+    #[serde(default)]
+    pub source: String,
 }
 
 #[derive(serde::Deserialize)]

@@ -69,6 +69,10 @@ const TEST_PACKAGES: &[&str] = &[
     "xz-utils",
     "gdb",
     "util-linux",
+    // elfutils' own debuginfod server (the debuginfod tests' server) and
+    // eu-addr2line.
+    "debuginfod",
+    "elfutils",
 ];
 
 /// The arm64 guest's userland (the kernel is linux-image-arm64's

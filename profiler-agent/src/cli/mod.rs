@@ -120,6 +120,40 @@ pub struct RecordArgs {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
           requires = "off_cpu_mode")]
     pub off_cpu_period: Option<Duration>,
+
+    #[command(flatten)]
+    pub debuginfod: DebuginfodArgs,
+}
+
+/// Where debug files of stripped binaries come from.
+#[derive(Debug, Clone, Args)]
+pub struct DebuginfodArgs {
+    /// debuginfod servers to fetch the debug files of stripped binaries
+    /// from, by build id (space-separated, tried in order; default:
+    /// $DEBUGINFOD_URLS, as gdb and elfutils read it). Also read:
+    /// DEBUGINFOD_CACHE_PATH, DEBUGINFOD_TIMEOUT, DEBUGINFOD_MAXSIZE.
+    #[arg(long, value_name = "URLS")]
+    pub debuginfod_urls: Option<String>,
+
+    /// How long the profile waits, once sampling ends, for debug files
+    /// still downloading (they are asked for while it samples); names
+    /// that arrive later are left out.
+    #[arg(long, default_value = "10s", value_name = "DURATION",
+          value_parser = humantime::parse_duration)]
+    pub debuginfod_wait: Duration,
+}
+
+impl DebuginfodArgs {
+    /// Sets up the process's debuginfod client from these flags over the
+    /// environment.
+    pub fn configure(&self) {
+        crate::symbolize::debuginfod::configure(
+            &crate::symbolize::debuginfod::DebuginfodSettings {
+                urls: self.debuginfod_urls.iter().cloned().collect(),
+                ..Default::default()
+            },
+        );
+    }
 }
 
 impl RecordArgs {

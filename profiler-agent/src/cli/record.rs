@@ -41,6 +41,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         unwind_table_bytes: args.unwind_table_mib << 20,
         off_cpu: args.off_cpu_config(),
     };
+    args.debuginfod.configure();
     let mut recorder = Recorder::start(&config)?;
     let status = !args.quiet && std::io::stderr().is_terminal();
     let scope = if pids.is_empty() {
@@ -90,6 +91,9 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         check_target_samples(&pids, &recording)?;
     }
 
+    // Debug files asked for while sampling: wait a bounded time for the
+    // ones still downloading.
+    recording.symbolizer.fetch_deadline = Some(Instant::now() + args.debuginfod.debuginfod_wait);
     let profile = build_profile(&mut recording);
     let bytes = format
         .encode(&profile)
@@ -272,20 +276,23 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
         s.user_unresolved,
         s.kernel_unresolved,
     );
-    if let Some(d) = &symbolizer.debuginfod {
-        let d = d.stats;
+    if let Some(client) = &symbolizer.debuginfod {
+        let d = client.stats();
         eprintln!(
             "  debuginfod: {} debug files fetched, {} from the cache, {} no server had, {} \
-             rejected (wrong build id), {} not asked for (fetch time budget spent)",
-            d.fetched, d.cached, d.missing, d.rejected, d.over_budget
+             rejected (wrong build id), {} failed, {} not asked for (too many waiting); \
+             {} still downloading when the profile was written",
+            d.fetched,
+            d.cached,
+            d.missing,
+            d.rejected,
+            d.failed,
+            d.dropped,
+            client.pending()
         );
-    }
-    for problem in symbolizer
-        .debuginfod
-        .iter()
-        .flat_map(|d| d.problems.iter().take(5))
-    {
-        eprintln!("  {problem}");
+        for problem in client.problems().iter().take(5) {
+            eprintln!("  {problem}");
+        }
     }
     if s.jit_resolved > 0 {
         eprintln!(

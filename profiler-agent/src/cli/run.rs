@@ -194,6 +194,29 @@ pub struct RunArgs {
     /// SubjectAccessReview, as kube-rbac-proxy) [default: false].
     #[arg(long, env = "PROFILER_AGENT_AUTH_KUBERNETES", value_name = "BOOL")]
     pub auth_kubernetes: Option<bool>,
+    /// debuginfod servers for debug files of stripped binaries,
+    /// comma-separated [default: $DEBUGINFOD_URLS, else off].
+    #[arg(
+        long,
+        env = "PROFILER_AGENT_DEBUGINFOD_URLS",
+        value_delimiter = ',',
+        value_name = "URL,..."
+    )]
+    pub debuginfod_urls: Option<Vec<String>>,
+    /// Where fetched debug files are kept [default: $DEBUGINFOD_CACHE_PATH,
+    /// else $XDG_CACHE_HOME/debuginfod_client].
+    #[arg(long, env = "PROFILER_AGENT_DEBUGINFOD_CACHE", value_name = "DIR", value_parser = any_path)]
+    pub debuginfod_cache: Option<PathBuf>,
+    /// Per debuginfod request [default: $DEBUGINFOD_TIMEOUT seconds, else 10s].
+    #[arg(long, env = "PROFILER_AGENT_DEBUGINFOD_TIMEOUT", value_parser = humantime::parse_duration)]
+    pub debuginfod_timeout: Option<Duration>,
+    /// Largest debug file accepted, in bytes [default: $DEBUGINFOD_MAXSIZE, else 1 GiB].
+    #[arg(
+        long,
+        env = "PROFILER_AGENT_DEBUGINFOD_MAX_BYTES",
+        value_name = "BYTES"
+    )]
+    pub debuginfod_max_bytes: Option<u64>,
 }
 
 /// A path that may be empty ("" switches an exporter off), which clap's
@@ -253,6 +276,10 @@ impl RunArgs {
             web_config_file: self.web_config_file.clone(),
             bearer_token_file: self.bearer_token_file.clone(),
             auth_kubernetes: self.auth_kubernetes,
+            debuginfod_urls: self.debuginfod_urls.clone(),
+            debuginfod_cache: self.debuginfod_cache.clone(),
+            debuginfod_timeout: self.debuginfod_timeout,
+            debuginfod_max_bytes: self.debuginfod_max_bytes,
         }
     }
 }
@@ -270,6 +297,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
+    crate::symbolize::debuginfod::configure(&config.debuginfod.settings());
     let metrics = Arc::new(Metrics::default());
     let agent = Agent::start(config, metrics)?;
     let summary = agent.run(&stop)?;

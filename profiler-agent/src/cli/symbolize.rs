@@ -33,6 +33,9 @@ pub struct SymbolizeArgs {
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub format: OutputFormat,
 
+    #[command(flatten)]
+    pub debuginfod: super::DebuginfodArgs,
+
     /// Addresses in hex (0x prefix optional).
     #[arg(required = true, value_name = "ADDR", value_parser = parse_address)]
     pub addresses: Vec<u64>,
@@ -64,6 +67,10 @@ struct JsonFrame {
     file: Option<String>,
     line: Option<u32>,
     inlined: bool,
+    /// Where the name came from: symtab, dynsym, dwarf, debuginfod,
+    /// minidebuginfo, cfi-grouped, go-pclntab, kallsyms, perf-map, vdso,
+    /// or none.
+    source: &'static str,
 }
 
 /// Resolves `addresses` in ascending order (neighbouring addresses share
@@ -87,11 +94,13 @@ fn in_address_order(
 }
 
 pub fn run(args: &SymbolizeArgs) -> anyhow::Result<()> {
+    args.debuginfod.configure();
     let mut symbolizer = Symbolizer::default();
+    symbolizer.fetch_deadline = Some(std::time::Instant::now() + args.debuginfod.debuginfod_wait);
     let results = symbolize(args, &mut symbolizer)?;
     // Debug files a server could not give are warnings: the names come
     // from what else there is.
-    for problem in symbolizer.debuginfod.iter().flat_map(|d| &d.problems) {
+    for problem in symbolizer.debuginfod.iter().flat_map(|d| d.problems()) {
         eprintln!("warning: {problem}");
     }
     print(args, &results)
@@ -155,6 +164,7 @@ fn print(args: &SymbolizeArgs, results: &[(u64, Symbolized)]) -> anyhow::Result<
                             file: f.file.clone(),
                             line: f.line,
                             inlined: f.inlined,
+                            source: f.source.as_str(),
                         })
                         .collect(),
                 })

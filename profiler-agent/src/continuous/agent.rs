@@ -394,6 +394,9 @@ impl Agent {
         } else {
             // Out of `self` while it symbolizes, so the method can borrow the rest.
             let mut recorder = self.recorder.take().expect("a recorder while running");
+            // Objects whose debug files arrived since they were read are
+            // read again: this window gets the names.
+            recorder.refresh_fetched();
             self.export_window(&mut Symbols::Live(&mut recorder));
             self.recorder = Some(recorder);
             self.finish_due_pulls(Instant::now());
@@ -515,6 +518,16 @@ impl Agent {
             slot.store(value, Relaxed);
         }
         m.off_cpu_blocked_ns.store(t.off_cpu.blocked_ns, Relaxed);
+        if let Some(client) = crate::symbolize::debuginfod::global() {
+            let d = client.stats();
+            let values = [
+                d.fetched, d.cached, d.missing, d.rejected, d.failed, d.dropped,
+            ];
+            for (slot, value) in m.debuginfod.iter().zip(values) {
+                slot.store(value, Relaxed);
+            }
+            m.debuginfod_pending.store(client.pending() as u64, Relaxed);
+        }
         m.off_cpu_runqueue_ns.store(t.off_cpu.runq_ns, Relaxed);
         m.symbolize_objects_failed.store(t.objects_failed, Relaxed);
         m.symbolize_user_unresolved

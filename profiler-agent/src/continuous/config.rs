@@ -78,6 +78,7 @@ pub struct Config {
     pub pyroscope: PyroscopeConfig,
     pub otlp: OtlpConfig,
     pub kubernetes: KubernetesConfig,
+    pub debuginfod: DebuginfodSection,
     /// Who may use the listener (see `export::auth`).
     pub auth: crate::export::auth::AuthConfig,
     /// Probes whose latency histograms `/metrics` exports (`[[probes]]`;
@@ -169,6 +170,38 @@ impl std::str::FromStr for OtlpProtocol {
     }
 }
 
+/// Debug files of stripped binaries fetched by build id from debuginfod
+/// servers, in the background (names appear in the windows after the file
+/// arrived). Each key set wins over elfutils' variable of the same meaning
+/// (`DEBUGINFOD_URLS`, `DEBUGINFOD_CACHE_PATH`, `DEBUGINFOD_TIMEOUT`,
+/// `DEBUGINFOD_MAXSIZE`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct DebuginfodSection {
+    /// Servers, tried in order; empty: `DEBUGINFOD_URLS`, else off.
+    pub urls: Vec<String>,
+    /// Cache directory; empty: `DEBUGINFOD_CACHE_PATH`, else
+    /// `$XDG_CACHE_HOME/debuginfod_client`.
+    pub cache: PathBuf,
+    /// Per request; empty: `DEBUGINFOD_TIMEOUT`, else 10s.
+    #[serde(with = "humantime_serde_compat::optional")]
+    pub timeout: Option<Duration>,
+    /// Largest debug file accepted, in bytes; 0: `DEBUGINFOD_MAXSIZE`,
+    /// else 1 GiB.
+    pub max_bytes: u64,
+}
+
+impl DebuginfodSection {
+    pub fn settings(&self) -> crate::symbolize::debuginfod::DebuginfodSettings {
+        crate::symbolize::debuginfod::DebuginfodSettings {
+            urls: self.urls.clone(),
+            cache: (!self.cache.as_os_str().is_empty()).then(|| self.cache.clone()),
+            timeout: self.timeout,
+            max_bytes: (self.max_bytes > 0).then_some(self.max_bytes),
+        }
+    }
+}
+
 /// How a push exporter talks HTTP.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -210,6 +243,7 @@ impl Default for Config {
             pyroscope: PyroscopeConfig::default(),
             otlp: OtlpConfig::default(),
             kubernetes: KubernetesConfig::default(),
+            debuginfod: DebuginfodSection::default(),
             auth: Default::default(),
             probes: Vec::new(),
         }
@@ -315,6 +349,10 @@ pub struct Overrides {
     pub web_config_file: Option<PathBuf>,
     pub bearer_token_file: Option<PathBuf>,
     pub auth_kubernetes: Option<bool>,
+    pub debuginfod_urls: Option<Vec<String>>,
+    pub debuginfod_cache: Option<PathBuf>,
+    pub debuginfod_timeout: Option<Duration>,
+    pub debuginfod_max_bytes: Option<u64>,
 }
 
 impl Config {
@@ -405,6 +443,13 @@ impl Config {
         set(&mut k.token_file, &o.kubernetes_token_file);
         set(&mut k.ca_file, &o.kubernetes_ca_file);
         set(&mut k.timeout, &o.kubernetes_timeout);
+        let d = &mut self.debuginfod;
+        set(&mut d.urls, &o.debuginfod_urls);
+        set(&mut d.cache, &o.debuginfod_cache);
+        if o.debuginfod_timeout.is_some() {
+            d.timeout = o.debuginfod_timeout;
+        }
+        set(&mut d.max_bytes, &o.debuginfod_max_bytes);
         let a = &mut self.auth;
         set(&mut a.web_config_file, &o.web_config_file);
         set(&mut a.bearer_token_file, &o.bearer_token_file);
@@ -549,6 +594,25 @@ mod humantime_serde_compat {
             serde::de::Error::custom(format!("{text:?} is not a duration like 15s or 500ms: {e}"))
         })
     }
+
+    /// The same, or empty for none.
+    pub mod optional {
+        use std::time::Duration;
+
+        use serde::{Deserialize, Deserializer};
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            let text = String::deserialize(d)?;
+            if text.trim().is_empty() {
+                return Ok(None);
+            }
+            humantime::parse_duration(&text).map(Some).map_err(|e| {
+                serde::de::Error::custom(format!(
+                    "{text:?} is not a duration like 15s or 500ms: {e}"
+                ))
+            })
+        }
+    }
 }
 
 #[cfg(test)]
@@ -638,6 +702,16 @@ mod tests {
             assert!(
                 auth.contains(&format!("{key} =")),
                 "auth.{key} is not documented"
+            );
+        }
+        let debuginfod = text
+            .split("[debuginfod]")
+            .nth(1)
+            .expect("a [debuginfod] section");
+        for key in ["urls", "cache", "timeout", "max_bytes"] {
+            assert!(
+                debuginfod.contains(&format!("{key} =")),
+                "debuginfod.{key} is not documented"
             );
         }
         for key in ["enabled", "api_url", "token_file", "ca_file", "timeout"] {

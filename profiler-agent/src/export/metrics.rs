@@ -9,6 +9,12 @@ use std::sync::{Arc, Mutex};
 /// Upper bounds (seconds) of the export latency histogram.
 const LATENCY_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
+/// The `result` labels of `profiler_agent_debuginfod_lookups_total`, in
+/// the order of `Metrics::debuginfod`.
+pub const DEBUGINFOD_RESULTS: [&str; 6] = [
+    "fetched", "cached", "missing", "rejected", "failed", "dropped",
+];
+
 /// Counters and gauges of the run loop. Kernel counters are totals since
 /// the agent started (carried over sampler restarts).
 #[derive(Debug, Default)]
@@ -77,6 +83,10 @@ pub struct Metrics {
     /// sampling, lost), and the time the recorded ones stand for.
     pub off_cpu_switches: AtomicU64,
     pub off_cpu_intervals: [AtomicU64; 4],
+    /// debuginfod lookups by result (see `DEBUGINFOD_RESULTS`), and the
+    /// downloads under way.
+    pub debuginfod: [AtomicU64; 6],
+    pub debuginfod_pending: AtomicU64,
     pub off_cpu_blocked_ns: AtomicU64,
     pub off_cpu_runqueue_ns: AtomicU64,
     /// Unix seconds of the run loop's last turn (liveness).
@@ -396,6 +406,28 @@ impl Metrics {
                 l(value)
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP profiler_agent_debuginfod_lookups_total Debug files of stripped binaries \
+             looked up by build id, by result: fetched (downloaded and checked), cached, missing \
+             (no server had it), rejected (another build id), failed (server down, timeout, HTTP \
+             error, over the size cap), dropped (too many downloads waiting).\n\
+             # TYPE profiler_agent_debuginfod_lookups_total counter"
+        );
+        for (result, value) in DEBUGINFOD_RESULTS.iter().zip(&self.debuginfod) {
+            let _ = writeln!(
+                out,
+                "profiler_agent_debuginfod_lookups_total{{result=\"{result}\"}} {}",
+                l(value)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP profiler_agent_debuginfod_downloads_pending Debug files being downloaded.\n\
+             # TYPE profiler_agent_debuginfod_downloads_pending gauge\n\
+             profiler_agent_debuginfod_downloads_pending {}",
+            l(&self.debuginfod_pending)
+        );
         let _ = writeln!(
             out,
             "# HELP profiler_agent_off_cpu_seconds_total Off-CPU time recorded, by state: \

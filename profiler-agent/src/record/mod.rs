@@ -269,6 +269,7 @@ impl Recorder {
         let sampled = &mut self.sampled;
         let new_pids = &mut self.new_pids;
         let seen = &mut self.seen;
+        let already_new = new_pids.len();
         let count = self.sampler.drain(timeout, |sample| {
             sampled.insert(sample.pid);
             if seen.insert(sample.pid) {
@@ -276,12 +277,25 @@ impl Recorder {
             }
             aggregate(recording, tables, sample)
         });
+        // Debug files of new processes' stripped objects download while
+        // sampling goes on.
+        for pid in &self.new_pids[already_new..] {
+            if let Some(process) = self.recording.processes.get(*pid) {
+                self.recording.symbolizer.prefetch(process);
+            }
+        }
         if let Some(tables) = &self.tables
             && !self.sampled.is_empty()
         {
             tables.sampled(self.sampled.drain().collect());
         }
         count
+    }
+
+    /// Forgets parsed objects whose debuginfod download has finished, so
+    /// they are read again with their debug file.
+    pub fn refresh_fetched(&mut self) -> usize {
+        self.recording.symbolizer.refresh_fetched()
     }
 
     /// Processes whose first samples arrived since the last call.

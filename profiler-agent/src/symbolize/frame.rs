@@ -13,6 +13,57 @@ pub struct Frame {
     pub line: Option<u32>,
     /// True for frames inlined into their caller (every frame but the last).
     pub inlined: bool,
+    /// Where the name came from (`profiler-agent symbolize` prints it).
+    pub source: NameSource,
+}
+
+/// Where a frame's name came from. A stripped binary's names can come from
+/// several places, and a user deciding whether to install a debug package
+/// or point the agent at a debuginfod server needs to know which.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NameSource {
+    /// Not named: an address (`libfoo.so+0x1234`).
+    #[default]
+    None,
+    /// The object's `.symtab`.
+    Symtab,
+    /// The object's `.dynsym` (what a stripped object still exports).
+    Dynsym,
+    /// DWARF of the object or of its local debug file.
+    Dwarf,
+    /// A debug file fetched from a debuginfod server (its DWARF or symbols).
+    Debuginfod,
+    /// The xz-compressed symbol table in `.gnu_debugdata`.
+    MiniDebugInfo,
+    /// No name anywhere: the start of the function from the FDE covering
+    /// the address (`libfoo.so+0xSTART`).
+    CfiGrouped,
+    /// Go's pclntab.
+    GoPclntab,
+    /// `/proc/kallsyms`.
+    Kallsyms,
+    /// A JIT's `/tmp/perf-PID.map`.
+    PerfMap,
+    /// The vDSO image's own symbols.
+    Vdso,
+}
+
+impl NameSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NameSource::None => "none",
+            NameSource::Symtab => "symtab",
+            NameSource::Dynsym => "dynsym",
+            NameSource::Dwarf => "dwarf",
+            NameSource::Debuginfod => "debuginfod",
+            NameSource::MiniDebugInfo => "minidebuginfo",
+            NameSource::CfiGrouped => "cfi-grouped",
+            NameSource::GoPclntab => "go-pclntab",
+            NameSource::Kallsyms => "kallsyms",
+            NameSource::PerfMap => "perf-map",
+            NameSource::Vdso => "vdso",
+        }
+    }
 }
 
 impl Frame {
@@ -23,7 +74,14 @@ impl Frame {
             file: None,
             line: None,
             inlined: false,
+            source: NameSource::None,
         }
+    }
+
+    /// The same frame, marked as named by `source`.
+    pub fn from_source(mut self, source: NameSource) -> Self {
+        self.source = source;
+        self
     }
 }
 

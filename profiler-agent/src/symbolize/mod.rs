@@ -18,7 +18,7 @@ pub mod kernel;
 pub mod perf_map;
 
 pub use elf::{ElfError, ElfObject};
-pub use frame::{Frame, Resolver};
+pub use frame::{Frame, NameSource, Resolver};
 pub use kernel::KernelSymbols;
 
 use std::collections::HashMap;
@@ -56,60 +56,76 @@ fn map_file(file: &std::fs::File) -> Result<memmap2::Mmap, String> {
 }
 
 /// Adds DWARF line and inline information: from the object itself, or
-/// from its separate debug file (build id or .gnu_debuglink), whose symbol
-/// table also helps a stripped binary.
+/// from its separate debug file (build id or .gnu_debuglink, else a
+/// debuginfod server), whose symbol table also helps a stripped binary.
+/// Returns true when the debug file is still downloading: the object is
+/// then read again once it has arrived (see `Symbolizer::refresh_fetched`).
 fn add_debug_info(
     object: &mut ElfObject,
     parsed: &object::File<'_>,
     data: &Arc<memmap2::Mmap>,
     file: &ObjectFile,
     maps: &mut Vec<Weak<memmap2::Mmap>>,
-    debuginfod: Option<&mut debuginfod::Debuginfod>,
-) {
+    fetch: Option<(&debuginfod::Debuginfod, Option<std::time::Instant>)>,
+) -> bool {
     if let Some(dwarf) = dwarf::DwarfSymbols::from_object(parsed, data) {
         object.insert_before_symbols(Box::new(dwarf));
-        return;
+        return false;
     }
-    let debug_file = dwarf::find_debug_file(parsed, file)
-        .map(|(_, file)| file)
-        .or_else(|| fetch_debug_file(parsed, object, debuginfod));
-    let Some(debug_file) = debug_file else {
+    let mut awaiting = false;
+    let found = match dwarf::find_debug_file(parsed, file) {
+        Some((_, file)) => Some((file, NameSource::Dwarf)),
+        None => match fetch.filter(|_| wants_debuginfod(parsed) && object.go_symbols().is_none()) {
+            Some((client, wait_until)) => {
+                match client.lookup(object.build_id.as_deref().unwrap_or_default(), wait_until) {
+                    debuginfod::Lookup::Found(path) => std::fs::File::open(path)
+                        .ok()
+                        .map(|f| (f, NameSource::Debuginfod)),
+                    debuginfod::Lookup::Pending => {
+                        awaiting = true;
+                        None
+                    }
+                    debuginfod::Lookup::Missing => None,
+                }
+            }
+            None => None,
+        },
+    };
+    let Some((debug_file, source)) = found else {
         add_minidebuginfo(object, parsed, &file.path);
-        return;
+        return awaiting;
     };
     let Some(debug_data) = map_file(&debug_file).ok().map(Arc::new) else {
-        return;
+        return false;
     };
     maps.push(Arc::downgrade(&debug_data));
     let _ = elf::guard(|| {
         let debug = object::File::parse(&**debug_data)?;
         if let Some(dwarf) = dwarf::DwarfSymbols::from_object(&debug, &debug_data) {
-            object.insert_before_symbols(Box::new(dwarf));
+            object.insert_before_symbols(Box::new(dwarf.from_source(source)));
         }
         let debug_bytes: FileBytes = debug_data.clone();
-        let symbols = elf::ElfSymbols::from_object(&debug, &debug_bytes);
+        let mut symbols = elf::ElfSymbols::from_object(&debug, &debug_bytes);
+        if source == NameSource::Debuginfod {
+            symbols = symbols.from_source(source);
+        }
         if !symbols.is_empty() {
             object.push_resolver(Box::new(symbols));
         }
         Ok(())
     });
+    false
 }
 
-/// The debug file of a stripped object (no `.symtab`, no DWARF; not Go,
-/// whose pclntab names everything) from the debuginfod servers, when
-/// configured.
-fn fetch_debug_file(
-    parsed: &object::File<'_>,
-    object: &ElfObject,
-    debuginfod: Option<&mut debuginfod::Debuginfod>,
-) -> Option<std::fs::File> {
+/// Whether a debuginfod server is worth asking for this object's debug
+/// file: it has no `.symtab` and no DWARF of its own, and it is not Go
+/// (whose pclntab names everything). A local debug file is looked for first.
+fn wants_debuginfod(parsed: &object::File<'_>) -> bool {
     use object::Object;
-    let debuginfod = debuginfod?;
-    if parsed.symbol_table().is_some() || object.go_symbols().is_some() {
-        return None;
-    }
-    let path = debuginfod.debuginfo(object.build_id.as_deref()?)?;
-    std::fs::File::open(path).ok()
+    parsed.symbol_table().is_none()
+        && [".debug_info", ".gopclntab", ".go.buildinfo"]
+            .iter()
+            .all(|name| parsed.section_by_name(name).is_none())
 }
 
 /// Names from MiniDebugInfo (`.gnu_debugdata`), for a binary without a
@@ -133,7 +149,8 @@ fn add_minidebuginfo(object: &mut ElfObject, parsed: &object::File<'_>, path: &P
     let data: FileBytes = Arc::new(image);
     let _ = elf::guard(|| {
         let mini = object::File::parse((*data).as_ref())?;
-        let symbols = elf::ElfSymbols::from_object(&mini, &data);
+        let symbols =
+            elf::ElfSymbols::from_object(&mini, &data).from_source(NameSource::MiniDebugInfo);
         if !symbols.is_empty() {
             object.push_resolver(Box::new(symbols));
         }
@@ -158,6 +175,33 @@ impl Symbolized {
     }
 }
 
+/// The frame of an address no symbol source names: `DSO+0xSTART`, START
+/// being the start of the function from the FDE covering the address, so
+/// every sample in one unnamed function adds up under one name (and a later
+/// symbolization can name it by that address). The frame's file is the
+/// object's path, its line unknown: in pprof, a function whose filename is
+/// a binary and that has no line is one grouped this way. Without an FDE
+/// the address itself is the name.
+fn cfi_grouped(
+    name: &str,
+    path: Option<&Path>,
+    object: Option<&ElfObject>,
+    address: u64,
+) -> Symbolized {
+    match object.and_then(|o| o.function_start(address)) {
+        Some(start) => {
+            let mut frame =
+                Frame::named(format!("{name}+{start:#x}")).from_source(NameSource::CfiGrouped);
+            frame.file = path.map(|p| p.display().to_string());
+            Symbolized {
+                frames: vec![frame],
+                resolved: false,
+            }
+        }
+        None => Symbolized::unresolved(format!("{name}+{address:#x}")),
+    }
+}
+
 pub struct Symbolizer {
     objects: HashMap<ObjectId, Option<Arc<ElfObject>>>,
     by_build_id: HashMap<Vec<u8>, Arc<ElfObject>>,
@@ -173,7 +217,16 @@ pub struct Symbolizer {
     pub problems: Vec<String>,
     pub stats: SymbolizerStats,
     /// Debug files by build id from debuginfod servers (`DEBUGINFOD_URLS`).
-    pub debuginfod: Option<debuginfod::Debuginfod>,
+    pub debuginfod: Option<Arc<debuginfod::Debuginfod>>,
+    /// How long a lookup may wait for a debug file being downloaded: until
+    /// this instant (the end of `record`), or not at all (None: the
+    /// continuous agent, which names it in a later window).
+    pub fetch_deadline: Option<std::time::Instant>,
+    /// Objects read while their debug file was downloading, to read again
+    /// once it is there: (object, build id).
+    awaiting: Vec<(ObjectId, Vec<u8>)>,
+    /// Objects whose debug file was already asked for by `prefetch`.
+    prefetched: std::collections::HashSet<ObjectId>,
 }
 
 impl Default for Symbolizer {
@@ -181,8 +234,7 @@ impl Default for Symbolizer {
     /// set (elfutils' variables, see `debuginfod`).
     fn default() -> Self {
         let mut symbolizer = Self::new("/proc/kallsyms");
-        symbolizer.debuginfod =
-            debuginfod::DebuginfodConfig::from_env().map(debuginfod::Debuginfod::new);
+        symbolizer.debuginfod = debuginfod::global();
         symbolizer
     }
 }
@@ -199,7 +251,59 @@ impl Symbolizer {
             problems: Vec::new(),
             stats: SymbolizerStats::default(),
             debuginfod: None,
+            fetch_deadline: None,
+            awaiting: Vec::new(),
+            prefetched: Default::default(),
         }
+    }
+
+    /// Asks the debuginfod servers, in the background, for the debug files
+    /// of `process`'s stripped objects, so that they are there (or on their
+    /// way) by the time its samples are symbolized. Only the ELF headers are
+    /// read here; nothing when no server is configured.
+    pub fn prefetch(&mut self, process: &Process) {
+        let Some(client) = self.debuginfod.clone() else {
+            return;
+        };
+        if self.prefetched.len() > 100_000 {
+            self.prefetched.clear();
+        }
+        for file in process.mappings.iter().filter_map(|m| m.object.as_deref()) {
+            if self.objects.contains_key(&file.id) || !self.prefetched.insert(file.id) {
+                continue;
+            }
+            let Some(data) = file.file.as_ref().ok().and_then(|f| map_file(f).ok()) else {
+                continue;
+            };
+            let _ = elf::guard(|| {
+                let parsed = object::File::parse(&*data)?;
+                if wants_debuginfod(&parsed)
+                    && let Some(id) = object::Object::build_id(&parsed)?
+                    && dwarf::find_debug_file(&parsed, file).is_none()
+                {
+                    client.lookup(id, None);
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Forgets the objects whose debug file has finished downloading since
+    /// they were read, so the next lookup reads them again with it. Returns
+    /// how many were forgotten.
+    pub fn refresh_fetched(&mut self) -> usize {
+        let Some(client) = self.debuginfod.clone() else {
+            return 0;
+        };
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.awaiting)
+            .into_iter()
+            .partition(|(_, build_id)| !client.is_pending(build_id));
+        self.awaiting = waiting;
+        for (id, build_id) in &done {
+            self.objects.remove(id);
+            self.by_build_id.remove(build_id);
+        }
+        done.len()
     }
 
     /// Drops the parsed objects `keep` rejects (no process maps them any
@@ -271,14 +375,11 @@ impl Symbolizer {
                 return Ok(shared.clone());
             }
             let mut object = ElfObject::from_file(&parsed, &bytes, Some(&data));
-            add_debug_info(
-                &mut object,
-                &parsed,
-                &data,
-                file,
-                &mut self.maps,
-                self.debuginfod.as_mut(),
-            );
+            let fetch = self.debuginfod.as_deref().map(|d| (d, self.fetch_deadline));
+            let awaiting = add_debug_info(&mut object, &parsed, &data, file, &mut self.maps, fetch);
+            if awaiting && let Some(build_id) = &object.build_id {
+                self.awaiting.push((file.id, build_id.clone()));
+            }
 
             let object = Arc::new(object);
             if let Some(id) = &object.build_id {
@@ -328,7 +429,8 @@ impl Symbolizer {
                 let file = object::File::parse((*image).as_ref())?;
                 use object::{Object, ObjectSegment};
                 let base = file.segments().map(|s| s.address()).min().unwrap_or(0);
-                Ok((base, elf::ElfSymbols::from_object(&file, &image)))
+                let symbols = elf::ElfSymbols::from_object(&file, &image);
+                Ok((base, symbols.from_source(NameSource::Vdso)))
             })
             .ok()
         });
@@ -363,7 +465,7 @@ impl Symbolizer {
             Some(name) => {
                 self.stats.jit_resolved += 1;
                 Symbolized {
-                    frames: vec![Frame::named(name)],
+                    frames: vec![Frame::named(name).from_source(NameSource::PerfMap)],
                     resolved: true,
                 }
             }
@@ -396,10 +498,12 @@ impl Symbolizer {
                 frames,
                 resolved: true,
             },
-            _ => {
-                let start = object.function_start(address).unwrap_or(address);
-                Symbolized::unresolved(format!("{}+{start:#x}", mapping.name))
-            }
+            _ => cfi_grouped(
+                &mapping.name,
+                mapping.path.as_deref(),
+                Some(&object),
+                address,
+            ),
         }
     }
 
@@ -415,12 +519,7 @@ impl Symbolizer {
                 frames,
                 resolved: true,
             },
-            _ => {
-                let start = object
-                    .and_then(|o| o.function_start(address))
-                    .unwrap_or(address);
-                Symbolized::unresolved(format!("{name}+{start:#x}"))
-            }
+            _ => cfi_grouped(&name, Some(&file.path), object.as_deref(), address),
         }
     }
 
@@ -456,7 +555,7 @@ impl Symbolizer {
     pub fn kernel(&mut self, lookup_pc: u64) -> Symbolized {
         let result = match self.kernel_symbols().and_then(|s| s.lookup(lookup_pc)) {
             Some(name) => Symbolized {
-                frames: vec![Frame::named(name)],
+                frames: vec![Frame::named(name).from_source(NameSource::Kallsyms)],
                 resolved: true,
             },
             None => Symbolized::unresolved(format!("[kernel] {lookup_pc:#x}")),

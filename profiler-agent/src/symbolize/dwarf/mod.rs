@@ -33,7 +33,7 @@ use self::lines::Location;
 use self::sections::{SectionData, SectionReader};
 use self::units::{Dwarf, UnitIndex};
 use super::demangle::demangle;
-use super::frame::{Frame, Resolver};
+use super::frame::{Frame, NameSource, Resolver};
 
 /// Parsed units kept per file: a hot set of functions usually spans a few
 /// units; beyond these counts the least recently used unit is dropped.
@@ -47,6 +47,8 @@ pub struct DwarfSymbols {
     dwarf: Dwarf,
     index: UnitIndex,
     cache: UnitCache,
+    /// `Dwarf`, or `Debuginfod` for a fetched debug file.
+    source: NameSource,
 }
 
 impl DwarfSymbols {
@@ -96,7 +98,14 @@ impl DwarfSymbols {
             dwarf,
             index,
             cache: UnitCache::new(units, budget),
+            source: NameSource::Dwarf,
         }
+    }
+
+    /// The same DWARF, its names marked as coming from `source`.
+    pub fn from_source(mut self, source: NameSource) -> Self {
+        self.source = source;
+        self
     }
 
     /// The parsed unit at `index` of the unit index.
@@ -206,6 +215,7 @@ fn push_frame(
         file: location.and_then(|l| l.file).map(str::to_string),
         line: location.and_then(|l| l.line),
         inlined: true,
+        source: NameSource::Dwarf,
     });
     Some(())
 }
@@ -216,7 +226,10 @@ impl Resolver for DwarfSymbols {
     }
 
     fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
-        let frames = self.frames(address);
+        let mut frames = self.frames(address);
+        for frame in frames.iter_mut().flatten() {
+            frame.source = self.source;
+        }
         // Tables filled in by this lookup count against the budget now.
         self.cache.trim();
         frames

@@ -142,6 +142,7 @@ impl Oracle {
                 file: location.and_then(|l| l.file).map(str::to_string),
                 line: location.and_then(|l| l.line),
                 inlined: true,
+                source: crate::symbolize::frame::NameSource::Dwarf,
             });
         }
         let last = frames.last_mut()?;

@@ -4,7 +4,7 @@ use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
 
 use super::super::FileBytes;
 use super::super::demangle::demangle;
-use super::super::frame::{Frame, Resolver};
+use super::super::frame::{Frame, NameSource, Resolver};
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -14,6 +14,8 @@ struct Entry {
     /// Where the (mangled) name sits in the file's bytes.
     name_offset: u64,
     name_len: u32,
+    /// From `.dynsym` rather than `.symtab`.
+    dynamic: bool,
 }
 
 /// A sorted table of function symbols. Names stay in the file's bytes
@@ -24,6 +26,9 @@ struct Entry {
 pub struct ElfSymbols {
     entries: Vec<Entry>,
     data: FileBytes,
+    /// Where the table itself came from when it is not the object's own
+    /// (a debuginfod file, MiniDebugInfo, the vDSO).
+    source: Option<NameSource>,
 }
 
 impl ElfSymbols {
@@ -42,7 +47,7 @@ impl ElfSymbols {
             .filter(|s| s.kind() == SectionKind::Text)
             .map(|s| s.index())
             .collect();
-        let mut take = |symbol: object::Symbol<'data, '_>| {
+        let mut take = |symbol: object::Symbol<'data, '_>, dynamic: bool| {
             if symbol.is_undefined() || symbol.address() == 0 {
                 return;
             }
@@ -75,11 +80,12 @@ impl ElfSymbols {
                 size: symbol.size(),
                 name_offset: offset as u64,
                 name_len: u32::try_from(name.len()).unwrap_or(0),
+                dynamic,
             };
             raw.push((entry.address, entry.size, symbol.is_global(), entry));
         };
-        file.symbols().for_each(&mut take);
-        file.dynamic_symbols().for_each(&mut take);
+        file.symbols().for_each(|s| take(s, false));
+        file.dynamic_symbols().for_each(|s| take(s, true));
 
         // Stable sort keeps .symtab before .dynsym at equal keys; globals first.
         raw.sort_by_key(|&(address, _, global, _)| (address, !global));
@@ -87,7 +93,14 @@ impl ElfSymbols {
         ElfSymbols {
             entries: raw.into_iter().map(|(.., entry)| entry).collect(),
             data: data.clone(),
+            source: None,
         }
+    }
+
+    /// The same table, its names marked as coming from `source`.
+    pub fn from_source(mut self, source: NameSource) -> Self {
+        self.source = Some(source);
+        self
     }
 
     pub fn len(&self) -> usize {
@@ -110,6 +123,11 @@ impl ElfSymbols {
     /// Returns the demangled name, the mangled one when it differs, and the
     /// symbol's address.
     pub fn lookup(&self, address: u64) -> Option<(String, Option<&str>, u64)> {
+        self.lookup_entry(address)
+            .map(|(name, system, entry)| (name, system, entry.address))
+    }
+
+    fn lookup_entry(&self, address: u64) -> Option<(String, Option<&str>, &Entry)> {
         let index = self.entries.partition_point(|e| e.address <= address);
         let entry = self.entries.get(index.checked_sub(1)?)?;
         if entry.size != 0 && address - entry.address >= entry.size {
@@ -118,7 +136,7 @@ impl ElfSymbols {
         let raw = self.raw_name(entry)?;
         let name = demangle(raw);
         let system = (name != raw).then_some(raw);
-        Some((name, system, entry.address))
+        Some((name, system, entry))
     }
 
     /// Every name, demangled, in address order.
@@ -136,13 +154,19 @@ impl Resolver for ElfSymbols {
     }
 
     fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
-        let (name, system, _) = self.lookup(address)?;
+        let (name, system, entry) = self.lookup_entry(address)?;
+        let source = self.source.unwrap_or(if entry.dynamic {
+            NameSource::Dynsym
+        } else {
+            NameSource::Symtab
+        });
         Some(vec![Frame {
             function: name,
             system_name: system.map(str::to_string),
             file: None,
             line: None,
             inlined: false,
+            source,
         }])
     }
 }

@@ -38,7 +38,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::bytes::SharedBytes;
-use super::frame::{Frame, Resolver};
+use super::frame::{Frame, NameSource, Resolver};
 
 pub use error::GoError;
 pub use locate::{PclntabSource, Strategy};
@@ -429,6 +429,7 @@ fn make_frame(name: Cow<'_, str>, file: Option<String>, line: Option<u32>, inlin
         file,
         line,
         inlined,
+        source: NameSource::GoPclntab,
     }
 }
 
