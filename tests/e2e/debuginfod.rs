@@ -35,13 +35,7 @@ fn fixture() -> Fixture {
     let p = |p: &Path| p.to_str().unwrap().to_string();
     run_tool("objcopy", &["--only-keep-debug", &p(&full), &p(&debug)]);
     run_tool("strip", &["--strip-all", "-o", &p(&stripped), &p(&full)]);
-    let notes = run_tool("readelf", &["-n", &p(&stripped)]);
-    let build_id = notes
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Build ID: "))
-        .expect("a GNU build id")
-        .trim()
-        .to_string();
+    let build_id = build_id(&stripped);
     let served = dir.path().join("served");
     let cache = dir.path().join("cache");
     Fixture {
@@ -53,6 +47,17 @@ fn fixture() -> Fixture {
         cache,
         _dir: std::sync::Arc::new(dir),
     }
+}
+
+/// The GNU build id of `binary`, as readelf prints it.
+fn build_id(binary: &Path) -> String {
+    let notes = run_tool("readelf", &["-n", binary.to_str().unwrap()]);
+    notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .unwrap_or_else(|| panic!("{}: no GNU build id", binary.display()))
+        .trim()
+        .to_string()
 }
 
 /// Serves `file` as the debug file of `build_id`.
@@ -94,8 +99,8 @@ impl Server {
     }
 
     /// elfutils' debuginfod over the ELF and debug files under `root`,
-    /// once it has indexed `build_id` (when given).
-    fn elfutils(root: &Path, build_id: Option<&str>) -> Server {
+    /// once it has indexed `build_ids`.
+    fn elfutils(root: &Path, build_ids: &[&str]) -> Server {
         std::fs::create_dir_all(root).unwrap();
         let port = free_port();
         let db = root.with_extension("sqlite");
@@ -105,7 +110,7 @@ impl Server {
             .arg(&db)
             .arg("-v");
         let server = Server::spawn(command, port);
-        if let Some(id) = build_id {
+        for id in build_ids {
             let path = format!("/buildid/{id}/debuginfo");
             let indexed = wait_for(Duration::from_secs(30), || {
                 http_get(port, &path, Duration::from_secs(5)).filter(|(status, _)| *status == 200)
@@ -206,7 +211,7 @@ fn agent(args: &[&str], urls: &str, cache: &Path) -> Output {
         // Long enough that a profile finishing on time shows it did not
         // wait for a server that does not answer.
         .env("DEBUGINFOD_TIMEOUT", "60")
-        .env("DEBUGINFOD_MAXSIZE", "1000000")
+        .env("DEBUGINFOD_MAXSIZE", (64 << 20).to_string())
         .stdin(Stdio::null())
         .output()
         .expect("running profiler-agent")
@@ -322,9 +327,9 @@ fn a_stripped_binary_is_named_from_elfutils_debuginfod_then_from_the_cache() {
     let plain = ours(&fixture.stripped, &points, "", &fixture.cache);
     assert!(unnamed(&plain.frames), "{:?}", plain.frames);
 
-    let server = Server::elfutils(&elfutils_tree(&fixture), Some(&fixture.build_id));
+    let server = Server::elfutils(&elfutils_tree(&fixture), &[&fixture.build_id]);
     // A server that does not have it comes first: the next one is asked.
-    let empty = Server::elfutils(&fixture.served.join("empty"), None);
+    let empty = Server::elfutils(&fixture.served.join("empty"), &[]);
     let urls = format!("{} {}", empty.url, server.url);
     let before = server.buildid_requests();
     let named = ours(&fixture.stripped, &points, &urls, &fixture.cache);
@@ -410,7 +415,7 @@ fn profile_stripped(fixture: &Fixture, urls: &str, extra: &[&str]) -> (i64, i64,
 fn a_profile_of_a_stripped_binary_is_named_through_debuginfod() {
     require_bpf_privileges();
     let fixture = fixture();
-    let server = Server::elfutils(&elfutils_tree(&fixture), Some(&fixture.build_id));
+    let server = Server::elfutils(&elfutils_tree(&fixture), &[&fixture.build_id]);
     let (a, b, report, _) = profile_stripped(&fixture, &server.url, &[]);
     assert!(
         report.contains("debuginfod: 1 debug files fetched"),
@@ -427,10 +432,9 @@ fn a_profile_of_a_stripped_binary_is_named_through_debuginfod() {
 fn hostile_or_absent_servers_cost_a_profile_only_their_names() {
     require_bpf_privileges();
     let fixture = fixture();
-    let closed = {
-        let port = free_port();
-        format!("http://127.0.0.1:{port}")
-    };
+    // Port 1 (tcpmux): nothing listens there, and no test binds it (an
+    // ephemeral port found free could be taken by a parallel test's server).
+    let closed = "http://127.0.0.1:1".to_string();
     let hole = Server::hostile("hole", &fixture.debug);
     let huge = Server::hostile("huge", &fixture.debug);
     let garbage = Server::hostile("garbage", &fixture.debug);
@@ -537,4 +541,196 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     found
+}
+
+/// A C++ or Rust fixture built with inlining and DWARF: the full binary,
+/// its stripped copy and its debug file.
+struct Compiled {
+    full: PathBuf,
+    stripped: PathBuf,
+    debug: PathBuf,
+}
+
+fn compile(dir: &Path, name: &str, command: &mut Command) -> Compiled {
+    let full = dir.join(format!("{name}-full"));
+    let status = command
+        .arg("-o")
+        .arg(&full)
+        .status()
+        .unwrap_or_else(|e| panic!("compiling {name}: {e} (cargo xtask setup --tests)"));
+    assert!(status.success(), "compiling {name} failed");
+    let stripped = dir.join(name);
+    let debug = dir.join(format!("{name}.debug"));
+    let p = |p: &Path| p.to_str().unwrap().to_string();
+    run_tool("objcopy", &["--only-keep-debug", &p(&full), &p(&debug)]);
+    run_tool("strip", &["--strip-all", "-o", &p(&stripped), &p(&full)]);
+    Compiled {
+        full,
+        stripped,
+        debug,
+    }
+}
+
+/// Every instruction address of the function whose symbol contains
+/// `needle` (mangled: `8checkout`), from objdump of the full binary.
+fn instructions_of(full: &Path, needle: &str) -> Vec<u64> {
+    let symbols = run_tool("nm", &["-S", "--defined-only", full.to_str().unwrap()]);
+    let (start, size) = symbols
+        .lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4 && f[3].contains(needle)).then(|| {
+                (
+                    u64::from_str_radix(f[0], 16).unwrap(),
+                    u64::from_str_radix(f[1], 16).unwrap(),
+                )
+            })
+        })
+        .unwrap_or_else(|| panic!("no symbol with {needle} in {}", full.display()));
+    let listing = run_tool(
+        "objdump",
+        &[
+            "-d",
+            "--no-show-raw-insn",
+            &format!("--start-address={start:#x}"),
+            &format!("--stop-address={:#x}", start + size),
+            full.to_str().unwrap(),
+        ],
+    );
+    listing
+        .lines()
+        .filter_map(|l| {
+            let (address, rest) = l.trim_start().split_once(":\t")?;
+            (!rest.is_empty()).then(|| u64::from_str_radix(address, 16).ok())?
+        })
+        .collect()
+}
+
+/// A frame as "function file:line", the file by its base name and an
+/// unknown line as 0 (as addr2line prints it).
+fn frame_text(function: &str, file: Option<&str>, line: Option<u32>) -> String {
+    let file = file
+        .and_then(|p| Path::new(p).file_name()?.to_str())
+        .unwrap_or("??");
+    format!("{function} {file}:{}", line.unwrap_or(0))
+}
+
+/// Inline chains, innermost first, from `tool` (binutils' addr2line, or
+/// llvm-symbolizer in its GNU output style) with `-f -i -C` on the
+/// unstripped binary.
+fn symbolizer_chains(tool: &str, full: &Path, addresses: &[u64]) -> Vec<Vec<String>> {
+    addresses
+        .iter()
+        .map(|a| {
+            let address = format!("{a:#x}");
+            let mut args = vec!["-f", "-i", "-C", "-e", full.to_str().unwrap(), &address];
+            if tool.contains("llvm") {
+                args.insert(0, "--output-style=GNU");
+            }
+            let text = run_tool(tool, &args);
+            let lines: Vec<&str> = text.lines().filter(|l| !l.is_empty()).collect();
+            lines
+                .chunks(2)
+                .map(|pair| {
+                    let location = pair.get(1).copied().unwrap_or("??:0");
+                    let location = location.split(" (").next().unwrap_or("");
+                    let (file, line) = location.rsplit_once(':').unwrap_or(("??", "0"));
+                    frame_text(pair[0], Some(file), line.parse().ok())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Inline chains from our `symbolize --format json` of the stripped file.
+fn our_chains(binary: &Path, addresses: &[u64], urls: &str, cache: &Path) -> Vec<Vec<String>> {
+    let mut args = vec![
+        "symbolize".to_string(),
+        "--binary".into(),
+        binary.display().to_string(),
+        "--format".into(),
+        "json".into(),
+    ];
+    args.extend(addresses.iter().map(|a| format!("{a:#x}")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = agent(&args, urls, cache);
+    assert!(
+        output.status.success(),
+        "symbolize failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    parse_symbolize_json(String::from_utf8_lossy(&output.stdout).trim())
+        .into_iter()
+        .map(|(_, frames)| {
+            assert!(
+                frames.iter().all(|f| f.source == "debuginfod"),
+                "{frames:?}\n{stderr}"
+            );
+            frames
+                .iter()
+                .map(|f| frame_text(&f.function, f.file.as_deref(), f.line))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn cpp_and_rust_inline_chains_come_from_debuginfod_as_the_reference_tools_give_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = workspace_root().join("tests/fixtures");
+    let cpp = compile(
+        dir.path(),
+        "inlined-cpp",
+        Command::new("g++")
+            .args(["-O2", "-g"])
+            .arg(root.join("cpp/inlined.cpp")),
+    );
+    let rust = compile(
+        dir.path(),
+        "inlined-rust",
+        Command::new("rustc")
+            .args(["-O", "-g", "--edition", "2021"])
+            .arg(root.join("rust/inlined.rs")),
+    );
+    let served = dir.path().join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    for compiled in [&cpp, &rust] {
+        let name = compiled.debug.file_name().unwrap();
+        std::fs::copy(&compiled.debug, served.join(name)).unwrap();
+    }
+    let ids = [build_id(&cpp.stripped), build_id(&rust.stripped)];
+    let server = Server::elfutils(&served, &[&ids[0], &ids[1]]);
+    let cache = dir.path().join("cache");
+    // C++: llvm-symbolizer (binutils 2.40 names an inlined static
+    // function without a linkage name after its caller; llvm-symbolizer and
+    // eu-addr2line name it as we do). Rust: binutils' addr2line
+    // (llvm-symbolizer 22 leaves Rust's legacy mangling half-decoded).
+    type Oracle = fn(&Path, &[u64]) -> Vec<Vec<String>>;
+    let cases: [(&Compiled, Oracle); 2] = [
+        (&cpp, |full, a| {
+            symbolizer_chains("/usr/lib/llvm-22/bin/llvm-symbolizer", full, a)
+        }),
+        (&rust, |full, a| symbolizer_chains("addr2line", full, a)),
+    ];
+    for (compiled, oracle) in cases {
+        let needle = "8checkout";
+        let addresses = instructions_of(&compiled.full, needle);
+        assert!(addresses.len() >= 10, "{addresses:?}");
+        let truth = oracle(&compiled.full, &addresses);
+        assert!(
+            truth.iter().any(|chain| chain.len() >= 2),
+            "{}: no inline chain to compare: {truth:?}",
+            compiled.full.display()
+        );
+        let ours = our_chains(&compiled.stripped, &addresses, &server.url, &cache);
+        for ((address, ours), truth) in addresses.iter().zip(&ours).zip(&truth) {
+            assert_eq!(
+                ours,
+                truth,
+                "{} at {address:#x}: ours vs llvm-symbolizer -i of the unstripped file",
+                compiled.full.display()
+            );
+        }
+    }
 }

@@ -422,3 +422,132 @@ fn go_function_latency_survives_stack_growth() {
         done.stderr
     );
 }
+
+/// `tests/fixtures/usdt/storm.c`: `storm:tick` fired as fast as the
+/// process can, and a line "slice MS OPS" per 100 ms of its run.
+fn build_storm_fixture(dir: &Path) -> std::path::PathBuf {
+    let out = dir.join("storm");
+    let status = std::process::Command::new("cc")
+        .args(["-O2", "-g", "-o"])
+        .arg(&out)
+        .arg(workspace_root().join("tests/fixtures/usdt/storm.c"))
+        .status()
+        .expect("running cc (cargo xtask setup --tests)");
+    assert!(status.success(), "building storm.c failed");
+    out
+}
+
+/// (MS, OPS) of each "slice MS OPS" line.
+fn slices(stdout: &str) -> Vec<(u64, u64)> {
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.strip_prefix("slice ")?.split_whitespace();
+            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn median(mut values: Vec<u64>) -> u64 {
+    values.sort_unstable();
+    values.get(values.len() / 2).copied().unwrap_or(0)
+}
+
+#[test]
+fn the_circuit_breaker_detaches_a_probe_that_fires_too_often() {
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let storm = build_storm_fixture(dir.path());
+    let mut fixture = Background::start(&storm, &["4"]);
+    // Half a second of its own pace before the probe is attached.
+    fixture.wait_for("slice 5");
+    let pid = fixture.pid().to_string();
+    let spec = format!("usdt:{}:storm:tick", storm.display());
+    let agent = start_agent(&["latency", "--count", &spec, "--pid", &pid, "-d", "20s"]);
+    let agent = agent.wait_exit(std::time::Duration::from_secs(20));
+    assert!(
+        !agent.status.success(),
+        "not detached: {}\n{}",
+        agent.stdout,
+        agent.stderr
+    );
+    assert!(
+        agent.stderr.contains("by the circuit breaker")
+            && agent.stderr.contains("hits/s on CPU")
+            && agent.stderr.contains("budget of 5000 hits/s per CPU"),
+        "{}",
+        agent.stderr
+    );
+    let counted: Option<u64> = agent
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("@count: ")?.trim().parse().ok());
+    assert!(
+        counted.is_some_and(|n| n > 0),
+        "the hits before detaching are reported: {}",
+        agent.stdout
+    );
+    // The fixture ran on to its end, and at its own pace again once the
+    // probe was gone: the last second as fast as the first half second
+    // (within a factor of two), while attached far slower.
+    let fixture = fixture.wait_exit(std::time::Duration::from_secs(30));
+    assert!(fixture.status.success(), "{}", fixture.stderr);
+    let slices = slices(&fixture.stdout);
+    let before = median(slices.iter().filter(|s| s.0 <= 500).map(|s| s.1).collect());
+    let last = median(slices.iter().filter(|s| s.0 >= 3000).map(|s| s.1).collect());
+    let slowest = slices.iter().map(|s| s.1).min().unwrap_or(0);
+    assert!(
+        slowest * 10 < before && last * 2 >= before,
+        "ops per 100 ms: before {before}, slowest {slowest}, last second {last}: {slices:?}"
+    );
+}
+
+#[test]
+fn the_continuous_agent_detaches_a_storming_probe_and_attaches_it_again_after_its_back_off() {
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let storm = build_storm_fixture(dir.path());
+    let fixture = Running::start(&storm, &["30"]);
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[probes]]\nname = \"storm\"\nstart = \"usdt:{}:storm:tick\"\ncount = true\n\
+             pid = {}\nbudget = 5000\nreattach_after = \"1s\"\n",
+            storm.display(),
+            fixture.pid()
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut agent = AgentRun::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--pids",
+        &fixture.pid().to_string(),
+        "--listen",
+        &listen,
+        "--directory-path",
+        "",
+    ]);
+    agent.wait_ready(port);
+    // Detached, attached again a second later, detached again.
+    let metrics = wait_for(std::time::Duration::from_secs(30), || {
+        let (_, body) = http_get(port, "/metrics", std::time::Duration::from_secs(5))?;
+        let text = String::from_utf8(body).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("profiler_probe_storm_circuit_breaker_trips_total "))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .filter(|&n| n >= 2)
+            .map(|_| text)
+    });
+    let log = agent.log();
+    assert!(metrics.is_some(), "the breaker did not trip twice:\n{log}");
+    assert!(
+        log.contains("probe detached by the circuit breaker")
+            && log.contains("probe attached again"),
+        "{log}"
+    );
+    assert!(agent.alive(), "{log}");
+}

@@ -10,6 +10,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use profiler_common::latency::LatencyCounter;
 
+use crate::probes::breaker::Breaker;
 use crate::probes::histogram::{Layout, Unit};
 use crate::probes::latency::plan::{parse_linear, parse_unit};
 use crate::probes::latency::render::{prometheus_report, text_report};
@@ -61,6 +62,12 @@ pub struct LatencyArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+
+    /// Circuit breaker: hits per second on any one CPU above which the
+    /// probes are detached (each hit traps into the kernel, about 1-2 us;
+    /// the default keeps them near 1% of a CPU); 0: no limit.
+    #[arg(long, value_name = "HITS", default_value_t = crate::probes::breaker::DEFAULT_BUDGET)]
+    budget: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -102,6 +109,8 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
     announce(&plan, &session, args);
 
     let started = Instant::now();
+    let mut breaker = Breaker::new(args.budget);
+    let mut tripped = None;
     let mut last = Snapshot::default();
     let mut next_interval = args.interval.map(|i| started + i);
     let mut stdout = std::io::stdout();
@@ -111,6 +120,10 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
         }
         let now = Instant::now();
         if args.duration.is_some_and(|d| now >= started + d) {
+            break;
+        }
+        if let Some(trip) = breaker.check(now, &session.hits_per_cpu()) {
+            tripped = Some(trip);
             break;
         }
         if let (Some(at), Some(interval)) = (next_interval, args.interval)
@@ -135,6 +148,13 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
     stdout.write_all(report(&plan, &total, args.format)?.as_bytes())?;
     stdout.flush()?;
     eprintln!("{}", counters_line(&total));
+    if let Some(trip) = tripped {
+        bail!(
+            "detached after {:.1}s by the circuit breaker: {trip}; the histogram above covers \
+             the time before (raise --budget, or 0 for no limit, if the process can afford it)",
+            started.elapsed().as_secs_f64()
+        );
+    }
     Ok(())
 }
 

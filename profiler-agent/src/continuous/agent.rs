@@ -290,6 +290,8 @@ impl Agent {
                 self.start_pull(request);
             }
             let now = Instant::now();
+            // The circuit breaker of the configured probes.
+            self.probes.check(now);
             let pull_due = self.pulls.iter().any(|p| p.deadline <= now);
             if now >= self.window_deadline {
                 self.end_window()?;

@@ -725,7 +725,16 @@ mod tests {
             .nth(1)
             .expect("a [[probes]] example");
         for key in [
-            "name", "start", "end", "count", "pid", "unit", "by", "linear",
+            "name",
+            "start",
+            "end",
+            "count",
+            "pid",
+            "unit",
+            "by",
+            "linear",
+            "budget",
+            "reattach_after",
         ] {
             assert!(
                 probes.contains(&format!("{key} =")),

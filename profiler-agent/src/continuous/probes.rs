@@ -7,8 +7,12 @@
 //! A probe that cannot be attached (binary missing on this node, a typo)
 //! is logged with the reason and left out; the rest of the agent runs.
 
+use std::fmt::Write;
+use std::time::{Duration, Instant};
+
 use serde::Deserialize;
 
+use crate::probes::breaker::{Breaker, DEFAULT_BUDGET};
 use crate::probes::histogram::Layout;
 use crate::probes::latency::plan::{parse_linear, parse_unit};
 use crate::probes::latency::render::prometheus_report;
@@ -42,6 +46,15 @@ pub struct ProbeConfig {
     /// Linear buckets MIN,MAX,STEP (in `unit`) instead of log2.
     #[serde(default)]
     pub linear: String,
+    /// Circuit breaker: hits per second on one CPU above which the probe
+    /// is detached (see `probes::breaker`); absent: the default, 0: no
+    /// limit.
+    #[serde(default)]
+    pub budget: Option<u64>,
+    /// After the breaker detached the probe, attach it again this long
+    /// later (a duration like "5m"); empty: stay detached.
+    #[serde(default)]
+    pub reattach_after: String,
 }
 
 fn default_unit() -> String {
@@ -59,6 +72,22 @@ pub enum ProbeConfigError {
 }
 
 impl ProbeConfig {
+    /// The back-off before re-attaching, if any.
+    pub fn reattach_after(&self) -> Result<Option<Duration>, ProbeConfigError> {
+        if self.reattach_after.trim().is_empty() {
+            return Ok(None);
+        }
+        humantime::parse_duration(self.reattach_after.trim())
+            .map(Some)
+            .map_err(|e| ProbeConfigError::Invalid {
+                name: self.name.clone(),
+                message: format!(
+                    "reattach_after {:?} is not a duration like 5m: {e}",
+                    self.reattach_after
+                ),
+            })
+    }
+
     /// The latency options, every field checked (no attaching yet).
     pub fn options(&self) -> Result<LatencyOptions, ProbeConfigError> {
         let invalid = |message: String| ProbeConfigError::Invalid {
@@ -110,14 +139,27 @@ pub fn validate(probes: &[ProbeConfig]) -> Result<(), ProbeConfigError> {
             return Err(ProbeConfigError::Duplicate(probe.name.clone()));
         }
         probe.options()?;
+        probe.reattach_after()?;
     }
     Ok(())
+}
+
+/// One configured probe that was attached, and its circuit breaker.
+struct Attached {
+    name: String,
+    plan: Plan,
+    session: Session,
+    breaker: Breaker,
+    reattach_after: Option<Duration>,
+    /// When the breaker detached it (None while attached).
+    detached_at: Option<Instant>,
+    trips: u64,
 }
 
 /// The attached probes of a run.
 #[derive(Default)]
 pub struct ProbeHistograms {
-    attached: Vec<(String, Plan, Session)>,
+    attached: Vec<Attached>,
     /// Probes that could not be attached.
     pub failed: usize,
 }
@@ -140,9 +182,15 @@ impl ProbeHistograms {
             match started {
                 Ok((plan, session)) => {
                     tracing::info!(probe = %probe.name, uprobes = session.attached(), "probe attached");
-                    histograms
-                        .attached
-                        .push((probe.name.clone(), plan, session));
+                    histograms.attached.push(Attached {
+                        name: probe.name.clone(),
+                        plan,
+                        session,
+                        breaker: Breaker::new(probe.budget.unwrap_or(DEFAULT_BUDGET)),
+                        reattach_after: probe.reattach_after().ok().flatten(),
+                        detached_at: None,
+                        trips: 0,
+                    });
                 }
                 Err(error) => {
                     tracing::warn!(probe = %probe.name, "probe not attached: {error}");
@@ -157,22 +205,85 @@ impl ProbeHistograms {
         self.attached.len()
     }
 
-    /// Every probe's family in Prometheus text, totals since attaching.
+    /// The circuit breaker: detaches a probe whose hit rate on a CPU is
+    /// over its budget, and re-attaches it after its back-off (if it has
+    /// one).
+    pub fn check(&mut self, now: Instant) {
+        for probe in &mut self.attached {
+            match probe.detached_at {
+                None => {
+                    if let Some(trip) = probe.breaker.check(now, &probe.session.hits_per_cpu()) {
+                        probe.session.detach();
+                        probe.detached_at = Some(now);
+                        probe.trips += 1;
+                        let again = probe.reattach_after.map_or_else(
+                            || "it stays detached (set reattach_after to try again)".to_string(),
+                            |after| {
+                                format!(
+                                    "attaching it again in {}",
+                                    humantime::format_duration(after)
+                                )
+                            },
+                        );
+                        tracing::warn!(probe = %probe.name, "probe detached by the circuit breaker: {trip}; {again}");
+                    }
+                }
+                Some(at) => {
+                    let Some(after) = probe.reattach_after else {
+                        continue;
+                    };
+                    if now.saturating_duration_since(at) < after {
+                        continue;
+                    }
+                    match probe.session.reattach() {
+                        Ok(()) => {
+                            probe.detached_at = None;
+                            probe.breaker.reset();
+                            tracing::info!(probe = %probe.name, "probe attached again after the circuit breaker's back-off");
+                        }
+                        Err(error) => {
+                            // Try again after another back-off.
+                            probe.detached_at = Some(now);
+                            tracing::warn!(probe = %probe.name, "re-attaching failed: {error}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every probe's family in Prometheus text, totals since attaching,
+    /// and its circuit breaker's state.
     pub fn render(&self) -> String {
         let mut out = String::new();
-        for (name, plan, session) in &self.attached {
-            match prometheus_report(plan, &session.snapshot(), &format!("profiler_probe_{name}")) {
+        for probe in &self.attached {
+            let prefix = format!("profiler_probe_{}", probe.name);
+            match prometheus_report(&probe.plan, &probe.session.snapshot(), &prefix) {
                 Ok(text) => out.push_str(&text),
-                Err(error) => tracing::debug!(probe = %name, "rendering: {error}"),
+                Err(error) => tracing::debug!(probe = %probe.name, "rendering: {error}"),
             }
+            let _ = writeln!(
+                out,
+                "# HELP {prefix}_attached 1 while the probe is attached, 0 after the circuit \
+                 breaker detached it.\n\
+                 # TYPE {prefix}_attached gauge\n\
+                 {prefix}_attached {}\n\
+                 # HELP {prefix}_circuit_breaker_trips_total Times the probe was detached for \
+                 firing more than {} times a second on one CPU.\n\
+                 # TYPE {prefix}_circuit_breaker_trips_total counter\n\
+                 {prefix}_circuit_breaker_trips_total {}",
+                u8::from(probe.detached_at.is_none()),
+                probe.breaker.budget(),
+                probe.trips
+            );
         }
         out
     }
 
     /// Detaches every probe (lowering USDT semaphores).
     pub fn detach(&mut self) {
-        for (_, _, session) in &mut self.attached {
-            session.detach();
+        for probe in &mut self.attached {
+            probe.session.detach();
         }
     }
 }
@@ -191,6 +302,8 @@ mod tests {
             unit: default_unit(),
             by: String::new(),
             linear: String::new(),
+            budget: None,
+            reattach_after: String::new(),
         }
     }
 

@@ -15,6 +15,8 @@
 //! - [`attach`]: uprobe perf events opened by hand (semaphores through
 //!   `ref_ctr_offset`) with a BPF program and cookie attached.
 //! - [`latency`]: the `latency` command's plan, BPF session and output.
+//! - [`breaker`]: the budget of hits per second that detaches a probe
+//!   costing its process too much.
 //!
 //! The README's "Probes" and "Latency histograms" sections say what is
 //! supported and how it was checked.
@@ -22,6 +24,7 @@
 pub mod arch;
 pub mod args;
 pub mod attach;
+pub mod breaker;
 pub mod functions;
 pub mod histogram;
 pub mod latency;

@@ -372,22 +372,34 @@ impl Shared {
         self.finished.notify_all();
     }
 
-    /// Asks each server in turn; true once one gave the file.
+    /// Asks each server in turn; true once one gave the file. A body is
+    /// streamed to a temporary file in the cache (a 1 GiB debug file never
+    /// sits in memory), checked there, and renamed into place.
     fn try_servers(&self, id: &str, build_id: &[u8], dir: &Path, path: &Path) -> bool {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            let mut state = self.lock();
+            state.stats.failed += 1;
+            state.problem(format!("debuginfod cache {}: {e}", dir.display()));
+            return false;
+        }
+        // Two downloads of one build id never run at once (`pending`), and
+        // two agents on one cache have their own pids.
+        let temporary = dir.join(format!(".debuginfo.{}", std::process::id()));
         for base in &self.config.urls {
             let url = format!("{base}/buildid/{id}/debuginfo");
-            let failure = match self.download(&url) {
-                Ok(None) => continue,
-                Ok(Some(bytes)) if !has_build_id(&bytes, build_id) => {
+            let failure = match self.download(&url, &temporary) {
+                Ok(false) => continue,
+                Ok(true) if !file_has_build_id(&temporary, build_id) => {
                     self.lock().stats.rejected += 1;
                     format!("debuginfod {url}: the file's build id is not {id}; discarded")
                 }
-                Ok(Some(bytes)) => match store(dir, path, &bytes) {
+                Ok(true) => match std::fs::rename(&temporary, path) {
                     Ok(()) => return true,
                     Err(e) => format!("debuginfod cache {}: {e}", path.display()),
                 },
                 Err(e) => format!("debuginfod {url}: {e}"),
             };
+            let _ = std::fs::remove_file(&temporary);
             let mut state = self.lock();
             state.stats.failed += 1;
             state.problem(failure);
@@ -395,33 +407,38 @@ impl Shared {
         false
     }
 
-    /// The body of a 200 answer; None for 404 (the server does not have
-    /// it); an error for anything else.
-    fn download(&self, url: &str) -> Result<Option<Vec<u8>>, String> {
+    /// Writes the body of a 200 answer to `to`: true; false for 404 (the
+    /// server does not have it); an error for anything else, a body over
+    /// the size cap included.
+    fn download(&self, url: &str, to: &Path) -> Result<bool, String> {
         let mut response = self.agent.get(url).call().map_err(|e| e.to_string())?;
         match response.status().as_u16() {
             200 => {}
-            404 => return Ok(None),
+            404 => return Ok(false),
             status => return Err(format!("HTTP {status}")),
         }
+        let refused = |length: u64| {
+            format!(
+                "{length} bytes or more, more than DEBUGINFOD_MAXSIZE ({}); refused",
+                self.config.max_bytes
+            )
+        };
         if let Some(length) = response
             .headers()
             .get("content-length")
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
             && length > self.config.max_bytes
         {
-            return Err(format!(
-                "{length} bytes, more than DEBUGINFOD_MAXSIZE ({}); refused",
-                self.config.max_bytes
-            ));
+            return Err(refused(length));
         }
-        response
-            .body_mut()
-            .with_config()
-            .limit(self.config.max_bytes)
-            .read_to_vec()
-            .map(Some)
-            .map_err(|e| e.to_string())
+        let mut file = std::fs::File::create(to).map_err(|e| format!("{}: {e}", to.display()))?;
+        let limit = self.config.max_bytes.saturating_add(1);
+        let mut body = std::io::Read::take(response.body_mut().as_reader(), limit);
+        let copied = std::io::copy(&mut body, &mut file).map_err(|e| e.to_string())?;
+        if copied > self.config.max_bytes {
+            return Err(refused(copied));
+        }
+        Ok(true)
     }
 }
 
@@ -449,12 +466,12 @@ fn has_build_id(bytes: &[u8], expected: &[u8]) -> bool {
     .unwrap_or(false)
 }
 
-/// Writes `bytes` to `path` atomically (a temporary file renamed).
-fn store(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
-    let temporary = dir.join(format!(".debuginfo.{}", std::process::id()));
-    std::fs::write(&temporary, bytes)?;
-    std::fs::rename(&temporary, path)
+/// Whether the file at `path` is an ELF file with GNU build id `expected`.
+fn file_has_build_id(path: &Path, expected: &[u8]) -> bool {
+    let Ok(file) = std::fs::File::open(path) else {
+        return false;
+    };
+    super::map_file(&file).is_ok_and(|map| has_build_id(&map, expected))
 }
 
 #[cfg(test)]

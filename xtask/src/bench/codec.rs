@@ -73,7 +73,7 @@ pub fn symbolize(env: &Env, plan: &Plan) -> anyhow::Result<Vec<SymbolizeRow>> {
 }
 
 /// (start, size) of every sized function symbol.
-fn function_symbols(binary: &Path) -> anyhow::Result<Vec<(u64, u64)>> {
+pub(super) fn function_symbols(binary: &Path) -> anyhow::Result<Vec<(u64, u64)>> {
     let output = Command::new("nm")
         .args(["--defined-only", "-S"])
         .arg(binary)
@@ -100,7 +100,7 @@ fn function_symbols(binary: &Path) -> anyhow::Result<Vec<(u64, u64)>> {
 
 /// `count` addresses inside functions, spread by a fixed pseudo-random
 /// sequence so every run symbolizes the same ones.
-fn pick_addresses(functions: &[(u64, u64)], count: usize) -> Vec<u64> {
+pub(super) fn pick_addresses(functions: &[(u64, u64)], count: usize) -> Vec<u64> {
     let mut state: u64 = 0x2545_F491_4F6C_DD1D;
     (0..count.max(1))
         .map(|_| {

@@ -15,6 +15,7 @@ mod process;
 mod profilers;
 mod report;
 mod stats;
+mod stripped;
 mod tools;
 mod unwinding;
 mod workloads;
@@ -169,6 +170,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     );
     results.off_cpu = offcpu::run(&env, &plan);
     errors.append(&mut results.off_cpu.errors);
+    results.stripped = stripped::run(&env, &plan);
+    errors.append(&mut results.stripped.errors);
     results.continuous = continuous::run(&env, &plan);
     errors.append(&mut results.continuous.errors);
     let (unwinding, mut unwinding_errors) = unwinding::run(&env, &plan);

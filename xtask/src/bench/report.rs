@@ -26,6 +26,7 @@ pub struct Results {
     pub unwinding: super::unwinding::Unwinding,
     pub listener: Option<super::listener::Listener>,
     pub off_cpu: super::offcpu::OffCpuBench,
+    pub stripped: super::stripped::Stripped,
     pub load_before: String,
     pub load_after: String,
     pub elapsed: Duration,
@@ -245,6 +246,7 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
         md,
         "| Go binary vs `debug/gosym` | – | – | not yet | – | – | – |\n"
     );
+    stripped_section(&mut md, &r.stripped);
     if let Some(e) = &r.encoding {
         let _ = writeln!(
             md,
@@ -980,4 +982,73 @@ fn line_plot(x_title: &str, points: &[(String, f64, f64)]) -> String {
         h - 10.0
     );
     svg
+}
+
+/// Names for stripped code: indexing stripped objects, and a debuginfod
+/// fetch, against elfutils.
+fn stripped_section(md: &mut String, s: &super::stripped::Stripped) {
+    if let Some(i) = &s.index {
+        let _ = writeln!(
+            md,
+            "**Stripped objects.** One address in the middle of `.text` of each of {} stripped \
+             shared objects of `/usr/lib/x86_64-linux-gnu` ({:.0} MiB), one process per object: \
+             `profiler-agent symbolize --binary` (ELF symbols, the debug-file and MiniDebugInfo \
+             checks, and the FDE index that names an unnamed address by its function's start; \
+             {} named by a symbol table, {} grouped by their FDE) against `eu-addr2line -f -e`. \
+             Debian's objects carry no MiniDebugInfo: its cost here is the check.\n",
+            i.objects,
+            i.bytes as f64 / (1 << 20) as f64,
+            i.named,
+            i.grouped
+        );
+        let _ = writeln!(md, "| tool | total s | ms per object | peak RSS MiB |");
+        let _ = writeln!(md, "|---|---|---|---|");
+        for (tool, run) in [("profiler-agent", i.agent), ("eu-addr2line", i.elfutils)] {
+            let _ = writeln!(
+                md,
+                "| {tool} | {:.2} | {:.1} | {:.1} |",
+                run.seconds,
+                run.seconds * 1e3 / i.objects.max(1) as f64,
+                run.peak_kib as f64 / 1024.0
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nAgent / elfutils: time {:.2}×, peak memory {:.2}×.\n",
+            i.agent.seconds / i.elfutils.seconds.max(1e-9),
+            i.agent.peak_kib as f64 / (i.elfutils.peak_kib.max(1)) as f64
+        );
+    }
+    if let Some(f) = &s.fetch {
+        let elfutils = f.find.seconds + f.addr2line.seconds;
+        let _ = writeln!(
+            md,
+            "**A debuginfod fetch.** The debug file of a stripped binary ({:.0} MiB: this xtask \
+             binary's DWARF, padded) served by elfutils' `debuginfod` on loopback, fetched into \
+             an empty cache and used to name {} addresses: `profiler-agent symbolize` (fetch, \
+             build-id check, cache, parse, name) against `debuginfod-find debuginfo ID` then \
+             `eu-addr2line -f -i -C` on the file.\n",
+            f.bytes as f64 / (1 << 20) as f64,
+            f.addresses
+        );
+        let _ = writeln!(md, "| | s | peak RSS MiB |");
+        let _ = writeln!(md, "|---|---|---|");
+        for (what, run) in [
+            ("profiler-agent symbolize", f.agent),
+            ("debuginfod-find", f.find),
+            ("eu-addr2line", f.addr2line),
+        ] {
+            let _ = writeln!(
+                md,
+                "| {what} | {:.2} | {:.1} |",
+                run.seconds,
+                run.peak_kib as f64 / 1024.0
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nAgent / (debuginfod-find + eu-addr2line): {:.2}× the time.\n",
+            f.agent.seconds / elfutils.max(1e-9)
+        );
+    }
 }

@@ -23,6 +23,11 @@ const BENCH_PACKAGES: &[&str] = &[
     "binutils",
     // bcc compiles its BPF C against kernel headers at start-up.
     "linux-headers-amd64",
+    // Names for stripped code: elfutils' server, client and eu-addr2line as
+    // the baseline; GNU time for peak memory.
+    "debuginfod",
+    "elfutils",
+    "time",
 ];
 
 pub fn install() -> anyhow::Result<()> {

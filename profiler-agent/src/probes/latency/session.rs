@@ -45,6 +45,57 @@ pub enum SessionError {
     Pmu(AttachError),
 }
 
+fn uprobe_program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut UProbe, SessionError> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| SessionError::Program {
+            program: name,
+            reason: "missing from the object (a build problem)".into(),
+        })?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| SessionError::Program {
+            program: name,
+            reason: error_chain(&e),
+        })
+}
+
+/// Opens a uprobe for every site of `plan` with its role's (loaded)
+/// program, the site's index as the cookie.
+fn attach_sites(
+    ebpf: &mut Ebpf,
+    plan: &Plan,
+    pmu: &UprobePmu,
+) -> Result<Vec<AttachedUprobe>, SessionError> {
+    let mut attached = Vec::with_capacity(plan.sites.len());
+    for role in [Role::Start, Role::End, Role::Count] {
+        if !plan.sites.iter().any(|s| s.role == role) {
+            continue;
+        }
+        let name = role.program();
+        let program = uprobe_program(ebpf, name)?;
+        let fd = program.fd().map_err(|e| SessionError::Program {
+            program: name,
+            reason: error_chain(&e),
+        })?;
+        for (index, site) in plan.sites.iter().enumerate() {
+            if site.role != role {
+                continue;
+            }
+            let uprobe =
+                attach_uprobe(pmu, fd.as_fd(), &site.target, index as u64).map_err(|source| {
+                    SessionError::Attach {
+                        site: site.label.clone(),
+                        source,
+                    }
+                })?;
+            attached.push(uprobe);
+        }
+    }
+    Ok(attached)
+}
+
 /// One key's histogram, summed over CPUs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyTotals {
@@ -112,8 +163,21 @@ pub struct Session {
     attached: Vec<AttachedUprobe>,
     histograms: PerCpuHashMap<MapData, HistKey, HistValue>,
     counters: PerCpuArray<MapData, u64>,
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
+    /// What to attach again after a detach (the circuit breaker's back-off).
+    plan: Plan,
+    pmu: UprobePmu,
 }
+
+/// The counters that count a probe firing (each one a trap into the
+/// kernel, whatever the program then does with it).
+const HIT_COUNTERS: [LatencyCounter; 5] = [
+    LatencyCounter::Starts,
+    LatencyCounter::Ends,
+    LatencyCounter::Counts,
+    LatencyCounter::FilteredOut,
+    LatencyCounter::UnknownSite,
+];
 
 impl Session {
     /// Loads the object configured for `plan`, writes the sites, loads the
@@ -140,44 +204,19 @@ impl Session {
             }
         }
 
-        let mut attached = Vec::with_capacity(plan.sites.len());
         for role in [Role::Start, Role::End, Role::Count] {
             if !plan.sites.iter().any(|s| s.role == role) {
                 continue;
             }
             let name = role.program();
-            let program: &mut UProbe = ebpf
-                .program_mut(name)
-                .ok_or_else(|| SessionError::Program {
-                    program: name,
-                    reason: "missing from the object (a build problem)".into(),
-                })?
-                .try_into()
-                .map_err(|e: aya::programs::ProgramError| SessionError::Program {
+            uprobe_program(&mut ebpf, name)?
+                .load()
+                .map_err(|e| SessionError::Program {
                     program: name,
                     reason: error_chain(&e),
                 })?;
-            program.load().map_err(|e| SessionError::Program {
-                program: name,
-                reason: error_chain(&e),
-            })?;
-            let fd = program.fd().map_err(|e| SessionError::Program {
-                program: name,
-                reason: error_chain(&e),
-            })?;
-            for (index, site) in plan.sites.iter().enumerate() {
-                if site.role != role {
-                    continue;
-                }
-                let uprobe = attach_uprobe(&pmu, fd.as_fd(), &site.target, index as u64).map_err(
-                    |source| SessionError::Attach {
-                        site: site.label.clone(),
-                        source,
-                    },
-                )?;
-                attached.push(uprobe);
-            }
         }
+        let attached = attach_sites(&mut ebpf, plan, &pmu)?;
 
         let histograms = PerCpuHashMap::try_from(
             ebpf.take_map("HISTOGRAMS")
@@ -193,8 +232,36 @@ impl Session {
             attached,
             histograms,
             counters,
-            _ebpf: ebpf,
+            ebpf,
+            plan: plan.clone(),
+            pmu,
         })
+    }
+
+    /// Attaches every site again after `detach` (the maps kept counting
+    /// what came before).
+    pub fn reattach(&mut self) -> Result<(), SessionError> {
+        if self.attached.is_empty() {
+            self.attached = attach_sites(&mut self.ebpf, &self.plan, &self.pmu)?;
+        }
+        Ok(())
+    }
+
+    /// Hits of every site so far, per CPU (for the circuit breaker).
+    pub fn hits_per_cpu(&self) -> Vec<u64> {
+        let mut hits: Vec<u64> = Vec::new();
+        for counter in HIT_COUNTERS {
+            let Ok(per_cpu) = self.counters.get(&(counter as u32), 0) else {
+                continue;
+            };
+            if hits.len() < per_cpu.len() {
+                hits.resize(per_cpu.len(), 0);
+            }
+            for (total, value) in hits.iter_mut().zip(per_cpu.iter()) {
+                *total += value;
+            }
+        }
+        hits
     }
 
     /// How many uprobes are attached.
