@@ -551,3 +551,92 @@ fn the_continuous_agent_detaches_a_storming_probe_and_attaches_it_again_after_it
     );
     assert!(agent.alive(), "{log}");
 }
+
+/// `tests/fixtures/cpp/shop.cpp` built as a server binary would be: -O2,
+/// symbols, no debug info.
+fn build_shop(dir: &Path) -> std::path::PathBuf {
+    let out = dir.join("shop");
+    let status = std::process::Command::new("g++")
+        .args(["-O2", "-o"])
+        .arg(&out)
+        .arg(workspace_root().join("tests/fixtures/cpp/shop.cpp"))
+        .status()
+        .expect("running g++ (cargo xtask setup --tests)");
+    assert!(status.success(), "building shop.cpp failed");
+    out
+}
+
+#[test]
+fn cpp_functions_are_probed_by_demangled_name_as_nm_lists_them() {
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let shop = build_shop(dir.path());
+    let path = shop.to_str().unwrap();
+
+    // The listing equals nm -C's functions of the namespace.
+    let output = run_agent(&[
+        "probes",
+        "list",
+        "--functions",
+        "shop::*",
+        "--format",
+        "json",
+        path,
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let listed: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    let mut ours: Vec<String> = listed
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect();
+    ours.sort();
+    let mut nm: Vec<String> = run_tool("nm", &["-C", "--defined-only", path])
+        .lines()
+        .filter_map(|l| {
+            let (_, rest) = l.split_once(' ')?;
+            let (kind, name) = rest.split_once(' ')?;
+            (["T", "t", "W", "w"].contains(&kind) && name.contains("shop::"))
+                .then(|| name.to_string())
+        })
+        .collect();
+    nm.sort();
+    assert_eq!(ours, nm, "probes list --functions vs nm -C");
+    assert!(ours.len() >= 5, "{ours:?}");
+
+    // Both overloads by one glob: every ring counted.
+    let mut fixture = Gated::start(&shop, &["1000"]);
+    let pid = fixture.pid().to_string();
+    let spec = format!("uprobe:{path}:shop::Register::ring*");
+    let agent = start_agent(&["latency", "--count", &spec, "--pid", &pid]);
+    let line = fixture.run_to_gate();
+    assert_eq!(line.trim(), "rang 1500");
+    let done = agent.interrupt();
+    assert!(done.status.success(), "{done:?}");
+    assert!(
+        done.stderr.contains("attached 2 uprobes"),
+        "two overloads attached: {}",
+        done.stderr
+    );
+    assert!(done.stdout.contains("@count: 1500"), "{}", done.stdout);
+    assert!(fixture.finish().success());
+
+    // A name without parameters naming both is refused with the two; a
+    // misspelt one gets the nearest name.
+    let spec = format!("uprobe:{path}:shop::Register::ring");
+    let refused = run_agent(&["latency", "--count", &spec, "-d", "1s"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && stderr.contains("names 2 functions")
+            && stderr.contains("shop::Register::ring(int)")
+            && stderr.contains("shop::Register::ring(double)"),
+        "{stderr}"
+    );
+    let spec = format!("uprobe:{path}:shop::Regster::ring(int)");
+    let refused = run_agent(&["latency", "--count", &spec, "-d", "1s"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("did you mean"),
+        "{stderr}"
+    );
+}

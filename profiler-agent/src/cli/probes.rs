@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
+use crate::probes::functions::FunctionTable;
 use crate::probes::target::mapped_objects;
 use crate::probes::{ArgSpec, Semaphore, UsdtError, UsdtProbes, read_probes, read_probes_as};
 
@@ -23,6 +24,7 @@ enum ProbesCommand {
     /// process's executable and shared libraries.
     #[command(after_help = "Examples:\n  \
         profiler-agent probes list /usr/bin/python3.11\n  \
+        profiler-agent probes list --functions 'shop::Register::*' ./server\n  \
         profiler-agent probes list --pid 1234 --format json")]
     List(ListArgs),
 }
@@ -38,6 +40,13 @@ struct ListArgs {
     /// (through /proc/PID/root, so containers work).
     #[arg(short, long, value_name = "PID")]
     pid: Option<u32>,
+
+    /// List the functions matching PATTERN instead (what a
+    /// `uprobe:PATH:PATTERN` spec would attach to): a glob or a name,
+    /// compared with mangled and demangled names (`'shop::Register::*'`),
+    /// from the symbol tables, or a Go binary's pclntab (stripped too).
+    #[arg(long, value_name = "PATTERN", conflicts_with = "pid")]
+    functions: Option<String>,
 
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
@@ -57,6 +66,13 @@ pub fn run(args: &ProbesArgs) -> anyhow::Result<()> {
 }
 
 fn run_list(args: &ListArgs) -> anyhow::Result<()> {
+    if let Some(pattern) = &args.functions {
+        let path = args
+            .path
+            .as_deref()
+            .context("--functions needs the binary's PATH")?;
+        return list_functions(path, pattern, args.format);
+    }
     let files = match (&args.path, args.pid) {
         (Some(path), _) => vec![read_path(path)?],
         (None, Some(pid)) => read_process(pid)?,
@@ -177,6 +193,64 @@ fn write_text(out: &mut impl Write, files: &[UsdtProbes]) -> anyhow::Result<()> 
         }
     }
     out.flush().context("writing the listing")
+}
+
+/// `probes list --functions PATTERN PATH`.
+fn list_functions(path: &Path, pattern: &str, format: Format) -> anyhow::Result<()> {
+    let table = FunctionTable::read(path, path)?;
+    let functions = table.list(pattern)?;
+    let mut stdout = std::io::stdout().lock();
+    match format {
+        Format::Text => {
+            writeln!(
+                stdout,
+                "{} ({} functions match {pattern:?})",
+                path.display(),
+                functions.len()
+            )?;
+            writeln!(stdout, "  {:<18} {:>8}  NAME", "ADDRESS", "SIZE")?;
+            for f in &functions {
+                let stored = if f.name == f.demangled {
+                    String::new()
+                } else {
+                    format!("  ({})", f.name)
+                };
+                writeln!(
+                    stdout,
+                    "  {:<18} {:>8}  {}{stored}",
+                    format!("{:#x}", f.address),
+                    f.size,
+                    f.demangled
+                )?;
+            }
+        }
+        Format::Json => {
+            let listing: Vec<JsonFunction> = functions
+                .iter()
+                .map(|f| JsonFunction {
+                    name: &f.demangled,
+                    symbol: &f.name,
+                    address: f.address,
+                    size: f.size,
+                    file_offset: f.file_offset,
+                })
+                .collect();
+            serde_json::to_writer_pretty(&mut stdout, &listing)?;
+            writeln!(stdout)?;
+        }
+    }
+    stdout.flush().context("writing the listing")
+}
+
+#[derive(Serialize)]
+struct JsonFunction<'a> {
+    /// Demangled, with parameters.
+    name: &'a str,
+    /// As stored in the symbol table.
+    symbol: &'a str,
+    address: u64,
+    size: u64,
+    file_offset: u64,
 }
 
 #[derive(Serialize)]

@@ -48,7 +48,7 @@ pub struct Batch {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
-    #[error("{0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
     #[error("HTTP request to {url} failed: {message}")]
     Http { url: String, message: String },

@@ -16,12 +16,20 @@ use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use super::arch::Arch;
 use super::spec::{glob_match, is_glob, suggest};
+use crate::symbolize::demangle::{demangle, demangle_base};
 use crate::symbolize::go::GoSymbols;
 
 /// One function matching a symbol pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Function {
+    /// The name as stored (mangled for C++ and Rust).
     pub name: String,
+    /// Demangled, with parameters (`shop::Register::ring(int)`); the name
+    /// itself for C and Go.
+    pub demangled: String,
+    /// Demangled without parameters or return type
+    /// (`shop::Register::ring`).
+    pub base: String,
     /// Link-time address of the entry and its size in bytes.
     pub address: u64,
     pub size: u64,
@@ -61,6 +69,17 @@ pub enum FunctionError {
         path: PathBuf,
         pattern: String,
         hint: String,
+    },
+    #[error(
+        "{pattern:?} names {} functions in {path}: {}; name one in full (as listed) to \
+         pick it, or a glob ({pattern}*) to attach to all",
+        candidates.len(),
+        candidates.join(", ")
+    )]
+    Ambiguous {
+        path: PathBuf,
+        pattern: String,
+        candidates: Vec<String>,
     },
     #[error("{path}: function {name} at {address:#x} is outside every loadable segment")]
     NotLoaded {
@@ -124,8 +143,15 @@ impl FunctionTable {
             .into_iter()
             .filter_map(|(name, address, size)| {
                 let file_offset = file_offset(&segments, address)?;
+                let (demangled, base) = if is_go {
+                    (name.clone(), name.clone())
+                } else {
+                    (demangle(&name), demangle_base(&name))
+                };
                 Some(Function {
                     name,
+                    demangled,
+                    base,
                     address,
                     size,
                     file_offset,
@@ -143,21 +169,75 @@ impl FunctionTable {
         })
     }
 
-    /// Functions named `pattern` (a glob or an exact name), by name.
+    /// Every function, in name order.
+    pub fn functions(&self) -> &[Function] {
+        &self.functions
+    }
+
+    /// Functions named `pattern`: a glob (every match: `shop::Register::*`)
+    /// or an exact name, each compared with the name as stored (mangled),
+    /// demangled with parameters (`shop::Register::ring(int)`) and without
+    /// (`shop::Register::ring`). An exact name without parameters that
+    /// names several functions (overloads, template instances) is refused
+    /// with the candidates; an unknown one with the nearest names.
     pub fn find(&self, pattern: &str) -> Result<Vec<&Function>, FunctionError> {
-        let matches: Vec<&Function> = self
-            .functions
-            .iter()
-            .filter(|f| {
-                if is_glob(pattern) {
-                    glob_match(pattern, &f.name)
-                } else {
-                    f.name == pattern
-                }
-            })
-            .collect();
+        let matches = self.list(pattern)?;
+        let mut distinct: Vec<u64> = matches.iter().map(|f| f.address).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if !is_glob(pattern) && distinct.len() > 1 {
+            return Err(FunctionError::Ambiguous {
+                path: self.path.clone(),
+                pattern: pattern.to_string(),
+                candidates: matches
+                    .iter()
+                    .map(|f| format!("{} at {:#x}", f.demangled, f.address))
+                    .collect(),
+            });
+        }
+        Ok(matches)
+    }
+
+    /// Every function `pattern` matches (as `find` matches, all of an
+    /// ambiguous name); an error with the nearest names when none does.
+    pub fn list(&self, pattern: &str) -> Result<Vec<&Function>, FunctionError> {
+        fn names(f: &Function) -> [&str; 4] {
+            [
+                &f.name,
+                &f.demangled,
+                &f.base,
+                without_template_arguments(&f.base),
+            ]
+        }
+        let matches: Vec<&Function> = if is_glob(pattern) {
+            self.functions
+                .iter()
+                .filter(|f| names(f).iter().any(|n| glob_match(pattern, n)))
+                .collect()
+        } else {
+            // The stored or full demangled name picks one function; the
+            // base name may pick several.
+            let exact: Vec<&Function> = self
+                .functions
+                .iter()
+                .filter(|f| f.name == pattern || f.demangled == pattern)
+                .collect();
+            if exact.is_empty() {
+                self.functions
+                    .iter()
+                    .filter(|f| f.base == pattern || without_template_arguments(&f.base) == pattern)
+                    .collect()
+            } else {
+                exact
+            }
+        };
         if matches.is_empty() {
-            let near = suggest(pattern, self.functions.iter().map(|f| f.name.as_str()));
+            let near = suggest(
+                pattern,
+                self.functions
+                    .iter()
+                    .flat_map(|f| [f.name.as_str(), f.base.as_str()]),
+            );
             let hint = if near.is_empty() {
                 String::new()
             } else {
@@ -204,6 +284,28 @@ impl FunctionTable {
             })
             .collect()
     }
+}
+
+/// A template instance's name without its arguments (`shop::sum_of` for
+/// `shop::sum_of<double>`), so one name picks every instance.
+fn without_template_arguments(name: &str) -> &str {
+    if !name.ends_with('>') {
+        return name;
+    }
+    let mut depth = 0usize;
+    for (i, c) in name.char_indices().rev() {
+        match c {
+            '>' => depth += 1,
+            '<' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return &name[..i];
+                }
+            }
+            _ => {}
+        }
+    }
+    name
 }
 
 /// The file offset of a link-time address, through the PT_LOAD holding it.
@@ -267,6 +369,20 @@ mod tests {
             return_addresses(&code, 0x400, Arch::Arm64),
             vec![0x404, 0x408]
         );
+    }
+
+    #[test]
+    fn template_arguments_are_cut_at_the_matching_bracket() {
+        assert_eq!(
+            without_template_arguments("shop::sum_of<double>"),
+            "shop::sum_of"
+        );
+        assert_eq!(
+            without_template_arguments("ns::f<std::vector<int, std::allocator<int> > >"),
+            "ns::f"
+        );
+        assert_eq!(without_template_arguments("operator>"), "operator>");
+        assert_eq!(without_template_arguments("main"), "main");
     }
 
     #[test]

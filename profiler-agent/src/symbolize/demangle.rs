@@ -15,9 +15,49 @@ pub fn demangle(name: &str) -> String {
     name.to_string()
 }
 
+/// The qualified name alone: C++ without its parameter list and return
+/// type (`shop::sum_of<double>` for `double shop::sum_of<double>(double
+/// const*, int)`), what people write when they name a function; other
+/// names as `demangle` gives them.
+pub fn demangle_base(name: &str) -> String {
+    if name.starts_with("_Z")
+        && rustc_demangle::try_demangle(name).is_err()
+        && let Ok(symbol) = cpp_demangle::Symbol::new(name)
+        && let Ok(text) = symbol.demangle(
+            &cpp_demangle::DemangleOptions::default()
+                .no_params()
+                .no_return_type(),
+        )
+    {
+        return text;
+    }
+    demangle(name)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::demangle;
+    use super::{demangle, demangle_base};
+
+    #[test]
+    fn the_base_name_has_no_parameters_or_return_type() {
+        assert_eq!(
+            demangle_base("_ZN4shop6sum_ofIdEET_PKS1_i"),
+            "shop::sum_of<double>"
+        );
+        assert_eq!(
+            demangle("_ZN4shop6sum_ofIdEET_PKS1_i"),
+            "double shop::sum_of<double>(double const*, int)"
+        );
+        assert_eq!(
+            demangle_base("_ZN4shop8Register4ringEd"),
+            "shop::Register::ring"
+        );
+        assert_eq!(
+            demangle_base("_ZN4core3fmt5write17h0123456789abcdefE"),
+            "core::fmt::write"
+        );
+        assert_eq!(demangle_base("main"), "main");
+    }
 
     #[test]
     fn demangles_rust_cpp_and_leaves_c_alone() {

@@ -192,11 +192,11 @@ pub enum PlanError {
          uprobe:PATH:FUNCTION (entry to return), or --count PROBE"
     )]
     OneProbe(String),
-    #[error("{0}")]
+    #[error(transparent)]
     Usdt(#[from] UsdtError),
-    #[error("{0}")]
+    #[error(transparent)]
     Function(#[from] FunctionError),
-    #[error("{0}")]
+    #[error(transparent)]
     Process(#[from] TargetError),
     #[error("no USDT probe {wanted} in {path}{hint}")]
     UnknownProbe {

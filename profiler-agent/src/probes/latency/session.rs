@@ -35,12 +35,10 @@ pub enum SessionError {
     },
     #[error("BPF map {0}: {1}")]
     Map(&'static str, String),
-    #[error("{site}: {source}")]
-    Attach {
-        site: String,
-        #[source]
-        source: AttachError,
-    },
+    // The reason is in the message, not a `source` too: the CLI prints the
+    // chain, which would say it twice.
+    #[error("{site}: {reason}")]
+    Attach { site: String, reason: AttachError },
     #[error("{0}")]
     Pmu(AttachError),
 }
@@ -87,7 +85,7 @@ fn attach_sites(
                 attach_uprobe(pmu, fd.as_fd(), &site.target, index as u64).map_err(|source| {
                     SessionError::Attach {
                         site: site.label.clone(),
-                        source,
+                        reason: source,
                     }
                 })?;
             attached.push(uprobe);
