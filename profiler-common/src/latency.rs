@@ -64,6 +64,22 @@ pub struct ArgReader {
     pub value: i64,
 }
 
+/// Arguments one traced hit carries (`trace --print`, `--filter`).
+pub const TRACE_SLOTS: usize = 4;
+/// Bytes of the one string a traced hit carries (`--print str:argN`).
+pub const TRACE_TEXT_LEN: usize = 64;
+/// "No slot" in the trace fields of [`LatencyConfig`].
+pub const TRACE_NO_SLOT: u8 = u8::MAX;
+
+/// `trace --filter 'argN OP VALUE'` operators, as [`LatencyConfig::filter_op`].
+pub const FILTER_NONE: u8 = 0;
+pub const FILTER_EQ: u8 = 1;
+pub const FILTER_NE: u8 = 2;
+pub const FILTER_LT: u8 = 3;
+pub const FILTER_LE: u8 = 4;
+pub const FILTER_GT: u8 = 5;
+pub const FILTER_GE: u8 = 6;
+
 /// Per probe site: what the site's key argument is, and where the site is.
 /// Indexed by the perf event's BPF cookie.
 #[repr(C)]
@@ -73,6 +89,27 @@ pub struct SiteConfig {
     pub key_arg: ArgReader,
     /// Link-time virtual address of the site (for `ARG_ABSOLUTE`).
     pub site_address: u64,
+    /// The arguments a traced hit carries, by slot (`trace`); slot i holds
+    /// the argument `LatencyConfig::trace_args` names at this site.
+    pub trace_args: [ArgReader; TRACE_SLOTS],
+}
+
+/// One traced hit, through the `TRACE_EVENTS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct TraceEvent {
+    /// `bpf_ktime_get_ns()` at the hit.
+    pub time_ns: u64,
+    pub tgid: u32,
+    pub tid: u32,
+    /// Index of the site in `SITES`.
+    pub site: u32,
+    /// Bit i set: slot i was read.
+    pub read: u32,
+    pub args: [u64; TRACE_SLOTS],
+    pub comm: [u8; 16],
+    /// The string of `LatencyConfig::trace_text_slot`, NUL-padded.
+    pub text: [u8; TRACE_TEXT_LEN],
 }
 
 /// What the histogram is keyed by, as [`LatencyConfig::key_kind`].
@@ -110,6 +147,20 @@ pub struct LatencyConfig {
     pub goroutine_register: u16,
     /// `pt_regs` offset of the instruction pointer.
     pub ip_register: u16,
+    /// `trace`: slots of `SiteConfig::trace_args` in use (0 when not
+    /// tracing), the slot whose value points to the string to copy (or
+    /// `TRACE_NO_SLOT`), the slot compared by the filter and how
+    /// (`FILTER_*`, signed when `filter_signed` is 1).
+    pub trace_slots: u8,
+    pub trace_text_slot: u8,
+    pub filter_slot: u8,
+    pub filter_op: u8,
+    pub filter_signed: u8,
+    pub _pad: [u8; 3],
+    pub filter_value: i64,
+    /// Traced hits per second on one CPU sent to user space at most; more
+    /// are counted as `TraceRateLimited`.
+    pub trace_max_per_second: u64,
 }
 
 impl LatencyConfig {
@@ -122,6 +173,14 @@ impl LatencyConfig {
         tgid: 0,
         goroutine_register: NO_REGISTER,
         ip_register: NO_REGISTER,
+        trace_slots: 0,
+        trace_text_slot: TRACE_NO_SLOT,
+        filter_slot: TRACE_NO_SLOT,
+        filter_op: FILTER_NONE,
+        filter_signed: 0,
+        _pad: [0; 3],
+        filter_value: 0,
+        trace_max_per_second: 0,
     };
 }
 
@@ -200,13 +259,21 @@ pub enum LatencyCounter {
     /// A start replaced a pending start of the same thread/goroutine
     /// (recursion, or a lost end).
     StartReplaced = 9,
+    /// `trace`: hits of the traced probe.
+    Traced = 10,
+    /// `trace`: hits the filter left out.
+    TraceFilteredOut = 11,
+    /// `trace`: hits over `trace_max_per_second`, not sent.
+    TraceRateLimited = 12,
+    /// `trace`: hits the ring buffer had no room for.
+    TraceRingFull = 13,
 }
 
 /// Slots of the counter array.
 pub const LATENCY_COUNTER_SLOTS: u32 = 16;
 
 impl LatencyCounter {
-    pub const ALL: [LatencyCounter; 10] = [
+    pub const ALL: [LatencyCounter; 14] = [
         LatencyCounter::Starts,
         LatencyCounter::Ends,
         LatencyCounter::Counts,
@@ -217,6 +284,10 @@ impl LatencyCounter {
         LatencyCounter::UnknownSite,
         LatencyCounter::FilteredOut,
         LatencyCounter::StartReplaced,
+        LatencyCounter::Traced,
+        LatencyCounter::TraceFilteredOut,
+        LatencyCounter::TraceRateLimited,
+        LatencyCounter::TraceRingFull,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -231,6 +302,10 @@ impl LatencyCounter {
             LatencyCounter::UnknownSite => "unknown sites",
             LatencyCounter::FilteredOut => "other processes",
             LatencyCounter::StartReplaced => "starts replaced",
+            LatencyCounter::Traced => "hits",
+            LatencyCounter::TraceFilteredOut => "left out by the filter",
+            LatencyCounter::TraceRateLimited => "dropped over the rate limit",
+            LatencyCounter::TraceRingFull => "dropped (ring buffer full)",
         }
     }
 }

@@ -254,6 +254,8 @@ mod pod {
     unsafe impl aya::Pod for super::latency::LatencyConfig {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::latency::SiteConfig {}
+    // SAFETY: as above; read from the ring buffer by copying its bytes.
+    unsafe impl aya::Pod for super::latency::TraceEvent {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::latency::HistKey {}
     // SAFETY: as above.

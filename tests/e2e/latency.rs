@@ -640,3 +640,126 @@ fn cpp_functions_are_probed_by_demangled_name_as_nm_lists_them() {
         "{stderr}"
     );
 }
+
+/// `tests/fixtures/usdt/orders.c` at -O2.
+fn build_orders(dir: &Path) -> std::path::PathBuf {
+    let out = dir.join("orders");
+    let status = std::process::Command::new("cc")
+        .args(["-O2", "-g", "-o"])
+        .arg(&out)
+        .arg(workspace_root().join("tests/fixtures/usdt/orders.c"))
+        .status()
+        .expect("running cc (cargo xtask setup --tests)");
+    assert!(status.success(), "building orders.c failed");
+    out
+}
+
+/// One order: (id, cents, customer).
+type Order = (i64, i64, String);
+
+/// Runs the orders fixture under `trace ARGS`; returns the trace's lines
+/// as orders and its stderr, and the fixture's own log.
+fn trace_orders(orders: &Path, n: u64, args: &[&str]) -> (Vec<Order>, String, Vec<Order>) {
+    let child = std::process::Command::new(orders)
+        .arg(n.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id().to_string();
+    let spec = format!("usdt:{}:shop:order", orders.display());
+    let mut all = vec!["trace", spec.as_str(), "--pid", pid.as_str()];
+    all.extend_from_slice(args);
+    let mut agent = Background::start(&agent_bin(), &all);
+    agent.wait_for("tracing ");
+    let mut child = child;
+    {
+        use std::io::{BufRead, BufReader, Write};
+        let stdin = child.stdin.as_mut().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), format!("orders {n}"));
+    }
+    // Let the last records reach the agent, then stop it.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let done = agent.interrupt();
+    assert!(done.status.success(), "{done:?}");
+    drop(child.stdin.take());
+    let output = child.wait_with_output().unwrap();
+    let parse =
+        |fields: &[&str], id: &str, cents: &str, name: &str| -> Option<(i64, i64, String)> {
+            let value = |key: &str| {
+                fields
+                    .iter()
+                    .find_map(|f| f.strip_prefix(key))
+                    .map(|v| v.trim_matches('"').to_string())
+            };
+            Some((
+                value(id)?.parse().ok()?,
+                value(cents)?.parse().ok()?,
+                value(name).unwrap_or_default(),
+            ))
+        };
+    let traced = done
+        .stdout
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            parse(&fields, "arg0=", "arg1=", "str:arg2=")
+        })
+        .collect();
+    let log = String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4 && f[0] == "order").then(|| {
+                (
+                    f[1].parse().unwrap(),
+                    f[2].parse().unwrap(),
+                    f[3].to_string(),
+                )
+            })
+        })
+        .collect();
+    (traced, done.stderr, log)
+}
+
+#[test]
+fn trace_prints_each_hit_as_the_program_logged_it_and_filters_in_the_kernel() {
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let orders = build_orders(dir.path());
+    let (traced, stderr, log) = trace_orders(&orders, 200, &["--print", "arg0,arg1,str:arg2"]);
+    assert_eq!(log.len(), 200);
+    assert_eq!(traced, log, "trace vs the fixture's own log\n{stderr}");
+
+    // The filter drops the small orders in the kernel, and says how many.
+    let (traced, stderr, log) = trace_orders(
+        &orders,
+        200,
+        &["--print", "arg0,arg1,str:arg2", "--filter", "arg1 > 5000"],
+    );
+    let big: Vec<_> = log.into_iter().filter(|o| o.1 > 5000).collect();
+    assert!(!big.is_empty() && big.len() < 200, "{big:?}");
+    assert_eq!(traced, big, "filtered trace vs the log\n{stderr}");
+    assert!(
+        stderr.contains(&format!("{} left out by the filter", 200 - big.len())),
+        "{stderr}"
+    );
+
+    // The rate limit: at most 50 lines a second per CPU, the rest counted.
+    let (traced, stderr, _) =
+        trace_orders(&orders, 300, &["--print", "arg0,arg1", "--max-rate", "50"]);
+    let dropped: u64 = stderr
+        .split(", ")
+        .find_map(|part| part.strip_suffix(" dropped over the rate limit"))
+        .and_then(|n| n.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no rate-limit count: {stderr}"));
+    assert!(dropped > 0, "{stderr}");
+    assert_eq!(traced.len() as u64 + dropped, 300, "{stderr}");
+}

@@ -98,6 +98,7 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
         unit: args.unit,
         layout: args.linear.unwrap_or(Layout::Log2),
         key: args.by.unwrap_or_default(),
+        trace: Default::default(),
     };
     let plan = plan(&options)?;
 
@@ -188,7 +189,7 @@ fn announce(plan: &Plan, session: &Session, args: &LatencyArgs) {
 }
 
 /// What the kernel side counted, on one line: nothing is lost silently.
-fn counters_line(snapshot: &Snapshot) -> String {
+pub(super) fn counters_line(snapshot: &Snapshot) -> String {
     let parts: Vec<String> = snapshot
         .counters
         .iter()

@@ -7,6 +7,7 @@ mod record;
 mod run;
 mod symbolize;
 mod tables;
+mod trace;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,6 +50,9 @@ enum Command {
     /// Latency histograms in the kernel between two probes (USDT or
     /// uprobes), of a function from entry to return, or probe hit counts.
     Latency(latency::LatencyArgs),
+    /// One line per hit of a probe, with chosen arguments, optionally
+    /// filtered in the kernel (rate-limited, under the circuit breaker).
+    Trace(trace::TraceArgs),
     /// Profile continuously (DaemonSet / service mode): windows exported
     /// per service to a directory or Pyroscope, pulls on
     /// /debug/pprof/profile, health on /metrics.
@@ -188,6 +192,7 @@ pub fn main() -> ExitCode {
         Some(Command::Record(args)) => record::run(&args),
         Some(Command::Probes(args)) => probes::run(&args),
         Some(Command::Latency(args)) => latency::run(&args),
+        Some(Command::Trace(args)) => trace::run(&args),
         Some(Command::Symbolize(args)) => symbolize::run(&args),
         Some(Command::Tables(args)) => tables::run(&args),
         Some(Command::Run(args)) => run::run(&args),

@@ -10,6 +10,9 @@
 //!   to the key's per-CPU histogram (bpftrace's log2 buckets, or linear),
 //!   count and sum.
 //! - `latency_count`: adds one to the key's count.
+//! - `latency_trace`: sends one record per hit (time, thread, the chosen
+//!   arguments and one string) through a ring buffer, after an optional
+//!   filter on an argument and under a per-CPU rate limit.
 //!
 //! Every perf event carries a BPF cookie: the index of its site in
 //! `SITES`, where user space wrote how to read that site's key argument
@@ -29,13 +32,14 @@ use aya_ebpf::{
         bpf_probe_read_user_str_bytes, generated::bpf_get_attach_cookie,
     },
     macros::{map, uprobe},
-    maps::{Array, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{Array, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::ProbeContext,
 };
 use profiler_common::latency::{
-    HIST_SLOTS, HistKey, HistValue, KEY_ARG, KEY_COMM, KEY_PID, KEY_STRING_ARG,
-    LATENCY_COUNTER_SLOTS, LatencyConfig, LatencyCounter, MAX_IN_FLIGHT, MAX_KEYS, MAX_SITES,
-    NO_REGISTER, SiteConfig, StartKey, StartValue,
+    FILTER_EQ, FILTER_GE, FILTER_GT, FILTER_LE, FILTER_LT, FILTER_NE, FILTER_NONE, HIST_SLOTS,
+    HistKey, HistValue, KEY_ARG, KEY_COMM, KEY_PID, KEY_STRING_ARG, LATENCY_COUNTER_SLOTS,
+    LatencyConfig, LatencyCounter, MAX_IN_FLIGHT, MAX_KEYS, MAX_SITES, NO_REGISTER, SiteConfig,
+    StartKey, StartValue, TRACE_SLOTS, TRACE_TEXT_LEN, TraceEvent,
 };
 
 /// Set by the loader (`profiler_common::latency::GLOBAL_LATENCY_CONFIG`).
@@ -70,6 +74,16 @@ static ZERO: PerCpuArray<HistValue> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static LATENCY_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LATENCY_COUNTER_SLOTS, 0);
 
+/// Traced hits for user space (`trace`). The loader shrinks it to a page
+/// when the run does not trace.
+#[map]
+static TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
+
+/// Per CPU: the start of the current one-second window of the trace rate
+/// limit, and the records sent in it.
+#[map]
+static TRACE_RATE: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+
 const EEXIST: i32 = 17;
 
 #[uprobe]
@@ -87,6 +101,12 @@ pub fn latency_end(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn latency_count(ctx: ProbeContext) -> u32 {
     on_count(&ctx);
+    0
+}
+
+#[uprobe]
+pub fn latency_trace(ctx: ProbeContext) -> u32 {
+    on_trace(&ctx);
     0
 }
 
@@ -247,6 +267,112 @@ fn on_count(ctx: &ProbeContext) {
     if let Some(histogram) = histogram_of(&key) {
         // SAFETY: as in on_end.
         unsafe { (*histogram).count += 1 };
+    }
+}
+
+#[inline(always)]
+fn on_trace(ctx: &ProbeContext) {
+    bump(LatencyCounter::Traced);
+    let config = config();
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    if config.tgid != 0 && tgid != config.tgid {
+        bump(LatencyCounter::FilteredOut);
+        return;
+    }
+    // SAFETY: the helper only reads the run context's cookie.
+    let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
+    let Some(site) = SITES.get(cookie as u32) else {
+        bump(LatencyCounter::UnknownSite);
+        return;
+    };
+    let mut event = TraceEvent {
+        time_ns: 0,
+        tgid,
+        tid: pid_tgid as u32,
+        site: cookie as u32,
+        read: 0,
+        args: [0; TRACE_SLOTS],
+        comm: [0; 16],
+        text: [0; TRACE_TEXT_LEN],
+    };
+    for slot in 0..TRACE_SLOTS {
+        if slot >= config.trace_slots as usize {
+            break;
+        }
+        match args::read(
+            ctx,
+            &site.trace_args[slot],
+            site.site_address,
+            config.ip_register,
+        ) {
+            Some(value) => {
+                event.args[slot] = value;
+                event.read |= 1 << slot;
+            }
+            None => bump(LatencyCounter::ArgReadFailed),
+        }
+    }
+    if config.filter_op != FILTER_NONE {
+        let slot = config.filter_slot as usize;
+        if slot >= TRACE_SLOTS || !passes(event.args[slot], &config) {
+            bump(LatencyCounter::TraceFilteredOut);
+            return;
+        }
+    }
+    // SAFETY: reads the monotonic clock.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if config.trace_max_per_second != 0
+        && let Some(rate) = TRACE_RATE.get_ptr_mut(0)
+    {
+        // SAFETY: this CPU's slot; programs do not nest on one CPU.
+        unsafe {
+            if now.saturating_sub((*rate)[0]) >= 1_000_000_000 {
+                (*rate)[0] = now;
+                (*rate)[1] = 0;
+            }
+            if (*rate)[1] >= config.trace_max_per_second {
+                bump(LatencyCounter::TraceRateLimited);
+                return;
+            }
+            (*rate)[1] += 1;
+        }
+    }
+    event.time_ns = now;
+    if let Ok(comm) = bpf_get_current_comm() {
+        event.comm = comm;
+    }
+    let text = config.trace_text_slot as usize;
+    if text < TRACE_SLOTS && event.read & (1 << text) != 0 {
+        // SAFETY: the helper checks the user address and writes at most
+        // text.len() bytes, NUL-terminated.
+        if unsafe { bpf_probe_read_user_str_bytes(event.args[text] as *const u8, &mut event.text) }
+            .is_err()
+        {
+            bump(LatencyCounter::ArgReadFailed);
+        }
+    }
+    if TRACE_EVENTS.output::<TraceEvent>(&event, 0).is_err() {
+        bump(LatencyCounter::TraceRingFull);
+    }
+}
+
+/// `--filter`: the slot's value compared with the constant.
+#[inline(always)]
+fn passes(value: u64, config: &LatencyConfig) -> bool {
+    let ordering = if config.filter_signed != 0 {
+        (value as i64).cmp(&config.filter_value)
+    } else {
+        value.cmp(&(config.filter_value as u64))
+    };
+    match config.filter_op {
+        FILTER_EQ => ordering.is_eq(),
+        FILTER_NE => ordering.is_ne(),
+        FILTER_LT => ordering.is_lt(),
+        FILTER_LE => ordering.is_le(),
+        FILTER_GT => ordering.is_gt(),
+        FILTER_GE => ordering.is_ge(),
+        _ => true,
     }
 }
 

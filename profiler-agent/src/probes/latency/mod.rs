@@ -10,5 +10,7 @@ pub mod plan;
 pub mod render;
 pub mod session;
 
-pub use plan::{KeyBy, LatencyOptions, Measure, Plan, PlanError, Role, plan};
+pub use plan::{
+    KeyBy, LatencyOptions, Measure, Plan, PlanError, Role, TraceFilter, TraceOptions, plan,
+};
 pub use session::{Session, SessionError, Snapshot};

@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use profiler_common::latency::{
-    ARG_ABSOLUTE, ARG_IMMEDIATE, ARG_MEMORY, ARG_REGISTER, ArgReader, HIST_SLOTS, KEY_ARG,
-    KEY_COMM, KEY_NONE, KEY_PID, KEY_STRING_ARG, LatencyConfig, MAX_SITES, NO_REGISTER, SiteConfig,
+    ARG_ABSOLUTE, ARG_IMMEDIATE, ARG_MEMORY, ARG_REGISTER, ArgReader, FILTER_NONE, HIST_SLOTS,
+    KEY_ARG, KEY_COMM, KEY_NONE, KEY_PID, KEY_STRING_ARG, LatencyConfig, MAX_SITES, NO_REGISTER,
+    SiteConfig, TRACE_NO_SLOT, TRACE_SLOTS,
 };
 
 use super::super::arch::Arch;
@@ -28,6 +29,30 @@ pub enum Measure {
     Between { start: ProbeSpec, end: ProbeSpec },
     /// Hits of one probe.
     Count(ProbeSpec),
+    /// Every hit of one probe, one record each (`trace`).
+    Trace(ProbeSpec),
+}
+
+/// What each traced hit carries and which hits are sent (`trace`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TraceOptions {
+    /// The argument index read into each slot (at most `TRACE_SLOTS`).
+    pub slots: Vec<usize>,
+    /// The slot whose value points to the string to copy.
+    pub text_slot: Option<usize>,
+    /// Only hits whose slot compares so with the value.
+    pub filter: Option<TraceFilter>,
+    /// Records per second on one CPU at most (0: no limit).
+    pub max_per_second: u64,
+}
+
+/// `--filter 'argN OP VALUE'`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceFilter {
+    pub slot: usize,
+    /// One of `FILTER_*`.
+    pub op: u8,
+    pub value: i64,
 }
 
 impl Measure {
@@ -139,6 +164,8 @@ pub struct LatencyOptions {
     pub unit: Unit,
     pub layout: Layout,
     pub key: KeyBy,
+    /// `Measure::Trace` only.
+    pub trace: TraceOptions,
 }
 
 /// The program a site runs.
@@ -147,14 +174,18 @@ pub enum Role {
     Start,
     End,
     Count,
+    Trace,
 }
 
 impl Role {
+    pub const ALL: [Role; 4] = [Role::Start, Role::End, Role::Count, Role::Trace];
+
     pub fn program(self) -> &'static str {
         match self {
             Role::Start => "latency_start",
             Role::End => "latency_end",
             Role::Count => "latency_count",
+            Role::Trace => "latency_trace",
         }
     }
 }
@@ -183,6 +214,10 @@ pub struct Plan {
     pub counting: bool,
     /// Starts are keyed by goroutine (a Go function).
     pub by_goroutine: bool,
+    /// Tracing: every hit through the ring buffer.
+    pub tracing: bool,
+    /// Per trace slot: the argument spec said it is signed.
+    pub trace_signed: [bool; TRACE_SLOTS],
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -192,6 +227,8 @@ pub enum PlanError {
          uprobe:PATH:FUNCTION (entry to return), or --count PROBE"
     )]
     OneProbe(String),
+    #[error("trace: {0}")]
+    Trace(String),
     #[error(transparent)]
     Usdt(#[from] UsdtError),
     #[error(transparent)]
@@ -243,7 +280,14 @@ pub fn plan(options: &LatencyOptions) -> Result<Plan, PlanError> {
         sites: Vec::new(),
         key_signed: false,
         by_goroutine: false,
+        trace_signed: [false; TRACE_SLOTS],
     };
+    if options.trace.slots.len() > TRACE_SLOTS {
+        return Err(PlanError::Trace(format!(
+            "at most {TRACE_SLOTS} arguments can be printed or filtered on"
+        )));
+    }
+    let tracing = matches!(options.measure, Measure::Trace(_));
     let counting = match &options.measure {
         Measure::Between { start, end } => {
             builder.add(start, Role::Start)?;
@@ -253,6 +297,10 @@ pub fn plan(options: &LatencyOptions) -> Result<Plan, PlanError> {
         Measure::Count(spec) => {
             builder.add(spec, Role::Count)?;
             true
+        }
+        Measure::Trace(spec) => {
+            builder.add(spec, Role::Trace)?;
+            false
         }
     };
     if builder.sites.len() > MAX_SITES as usize {
@@ -300,6 +348,16 @@ pub fn plan(options: &LatencyOptions) -> Result<Plan, PlanError> {
             Arch::X86_64 => "rip",
             Arch::Arm64 => "pc",
         }),
+        trace_slots: options.trace.slots.len() as u8,
+        trace_text_slot: options.trace.text_slot.map_or(TRACE_NO_SLOT, |s| s as u8),
+        filter_slot: options.trace.filter.map_or(TRACE_NO_SLOT, |f| f.slot as u8),
+        filter_op: options.trace.filter.map_or(FILTER_NONE, |f| f.op),
+        filter_signed: u8::from(options.trace.filter.is_some_and(|f| {
+            f.value < 0 || builder.trace_signed.get(f.slot).copied().unwrap_or(false)
+        })),
+        _pad: [0; 3],
+        filter_value: options.trace.filter.map_or(0, |f| f.value),
+        trace_max_per_second: options.trace.max_per_second,
     };
     Ok(Plan {
         key_signed: builder.key_signed,
@@ -310,6 +368,8 @@ pub fn plan(options: &LatencyOptions) -> Result<Plan, PlanError> {
         unit: options.unit,
         key: options.key,
         counting,
+        tracing,
+        trace_signed: builder.trace_signed,
     })
 }
 
@@ -341,13 +401,22 @@ struct Builder<'a> {
     sites: Vec<PlannedSite>,
     key_signed: bool,
     by_goroutine: bool,
+    trace_signed: [bool; TRACE_SLOTS],
 }
 
 impl Builder<'_> {
     fn reads_key(&self, role: Role) -> Option<usize> {
         match role {
             Role::Start | Role::Count => self.options.key.argument(),
-            Role::End => None,
+            Role::End | Role::Trace => None,
+        }
+    }
+
+    /// The argument indices a site of `role` reads into trace slots.
+    fn trace_slots(&self, role: Role) -> Vec<usize> {
+        match role {
+            Role::Trace => self.options.trace.slots.clone(),
+            _ => Vec::new(),
         }
     }
 
@@ -417,7 +486,19 @@ impl Builder<'_> {
             let mut site = SiteConfig {
                 key_arg: ArgReader::default(),
                 site_address: probe.address,
+                trace_args: [ArgReader::default(); TRACE_SLOTS],
             };
+            for (slot, index) in self.trace_slots(role).into_iter().enumerate() {
+                let spec_arg = probe.argument(index)?;
+                site.trace_args[slot] = reader(spec_arg).map_err(|reason| {
+                    PlanError::Trace(format!(
+                        "probe {} at {:#x}, arg{index}: {reason}",
+                        probe.qualified_name(),
+                        probe.address
+                    ))
+                })?;
+                self.trace_signed[slot] |= spec_arg.signed;
+            }
             if let Some(index) = self.reads_key(role) {
                 let spec_arg = probe.argument(index)?;
                 site.key_arg = reader(spec_arg).map_err(|reason| PlanError::Key {
@@ -491,10 +572,37 @@ impl Builder<'_> {
             };
             self.key_signed = true;
         }
+        let mut trace_args = [ArgReader::default(); TRACE_SLOTS];
+        if !self.trace_slots(role).is_empty() && ret {
+            return Err(PlanError::Trace(format!(
+                "{spec} is a return probe: a function's arguments are gone when it returns"
+            )));
+        }
+        for (slot, index) in self.trace_slots(role).into_iter().enumerate() {
+            let register = entry_argument_register(table.arch, table.is_go, index)
+                .and_then(|name| table.arch.register(name))
+                .ok_or_else(|| {
+                    PlanError::Trace(format!(
+                        "{spec}: arg{index}: only the first integer arguments passed in \
+                         registers can be read at a function's entry"
+                    ))
+                })?;
+            trace_args[slot] = ArgReader {
+                kind: ARG_REGISTER,
+                size: 8,
+                signed: 1,
+                scale: 1,
+                base: register.pt_regs_offset,
+                index: NO_REGISTER,
+                value: 0,
+            };
+            self.trace_signed[slot] = true;
+        }
         for function in table.find(symbol)? {
             let site = SiteConfig {
                 key_arg,
                 site_address: function.address,
+                trace_args,
             };
             let target = |file_offset, retprobe| UprobeTarget {
                 path: object.open_path.clone(),

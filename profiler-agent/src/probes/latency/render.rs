@@ -159,6 +159,8 @@ mod tests {
             key_signed: true,
             counting,
             by_goroutine: false,
+            tracing: false,
+            trace_signed: [false; profiler_common::latency::TRACE_SLOTS],
         }
     }
 

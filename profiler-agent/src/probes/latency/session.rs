@@ -5,12 +5,15 @@
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 
-use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap};
+use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::programs::UProbe;
 use aya::{Ebpf, EbpfLoader, include_bytes_aligned};
 use profiler_common::latency::{
-    GLOBAL_LATENCY_CONFIG, HIST_SLOTS, HistKey, HistValue, LatencyCounter,
+    GLOBAL_LATENCY_CONFIG, HIST_SLOTS, HistKey, HistValue, LatencyCounter, TraceEvent,
 };
+
+/// The ring buffer of traced hits.
+const TRACE_EVENTS: &str = "TRACE_EVENTS";
 
 use super::plan::{Plan, Role};
 use crate::bpf_loading::{error_chain, raise_memlock_limit};
@@ -67,7 +70,7 @@ fn attach_sites(
     pmu: &UprobePmu,
 ) -> Result<Vec<AttachedUprobe>, SessionError> {
     let mut attached = Vec::with_capacity(plan.sites.len());
-    for role in [Role::Start, Role::End, Role::Count] {
+    for role in Role::ALL {
         if !plan.sites.iter().any(|s| s.role == role) {
             continue;
         }
@@ -159,6 +162,8 @@ pub struct Session {
     // Field order is drop order: uprobes (links, perf events) first, so no
     // probe fires into a half-torn-down object; the maps are ours.
     attached: Vec<AttachedUprobe>,
+    /// `trace`: the records of traced hits.
+    trace: Option<RingBuf<MapData>>,
     histograms: PerCpuHashMap<MapData, HistKey, HistValue>,
     counters: PerCpuArray<MapData, u64>,
     ebpf: Ebpf,
@@ -169,10 +174,11 @@ pub struct Session {
 
 /// The counters that count a probe firing (each one a trap into the
 /// kernel, whatever the program then does with it).
-const HIT_COUNTERS: [LatencyCounter; 5] = [
+const HIT_COUNTERS: [LatencyCounter; 6] = [
     LatencyCounter::Starts,
     LatencyCounter::Ends,
     LatencyCounter::Counts,
+    LatencyCounter::Traced,
     LatencyCounter::FilteredOut,
     LatencyCounter::UnknownSite,
 ];
@@ -184,8 +190,13 @@ impl Session {
         crate::sampling::check_privileges().map_err(|e| SessionError::Privileges(e.to_string()))?;
         raise_memlock_limit();
         let pmu = UprobePmu::read().map_err(SessionError::Pmu)?;
-        let mut ebpf = EbpfLoader::new()
-            .override_global(GLOBAL_LATENCY_CONFIG, &plan.config, true)
+        let mut loader = EbpfLoader::new();
+        loader.override_global(GLOBAL_LATENCY_CONFIG, &plan.config, true);
+        if !plan.tracing {
+            // One page instead of the megabyte a trace needs.
+            loader.map_max_entries(TRACE_EVENTS, 4096);
+        }
+        let mut ebpf = loader
             .load(BPF_OBJECT)
             .map_err(|e| SessionError::Load(error_chain(&e)))?;
 
@@ -202,7 +213,7 @@ impl Session {
             }
         }
 
-        for role in [Role::Start, Role::End, Role::Count] {
+        for role in Role::ALL {
             if !plan.sites.iter().any(|s| s.role == role) {
                 continue;
             }
@@ -226,8 +237,20 @@ impl Session {
                 .ok_or_else(|| SessionError::Map("LATENCY_COUNTERS", "missing".into()))?,
         )
         .map_err(|e| SessionError::Map("LATENCY_COUNTERS", e.to_string()))?;
+        let trace = if plan.tracing {
+            Some(
+                RingBuf::try_from(
+                    ebpf.take_map(TRACE_EVENTS)
+                        .ok_or_else(|| SessionError::Map(TRACE_EVENTS, "missing".into()))?,
+                )
+                .map_err(|e| SessionError::Map(TRACE_EVENTS, e.to_string()))?,
+            )
+        } else {
+            None
+        };
         Ok(Session {
             attached,
+            trace,
             histograms,
             counters,
             ebpf,
@@ -243,6 +266,26 @@ impl Session {
             self.attached = attach_sites(&mut self.ebpf, &self.plan, &self.pmu)?;
         }
         Ok(())
+    }
+
+    /// Hands every traced hit waiting in the ring buffer to `each`; returns
+    /// how many there were.
+    pub fn drain_trace(&mut self, mut each: impl FnMut(&TraceEvent)) -> usize {
+        let Some(ring) = self.trace.as_mut() else {
+            return 0;
+        };
+        let mut count = 0;
+        while let Some(item) = ring.next() {
+            if item.len() >= std::mem::size_of::<TraceEvent>() {
+                // SAFETY: the BPF side writes whole `TraceEvent`s (plain
+                // integers and byte arrays: any bit pattern is valid); the
+                // read is unaligned-safe.
+                let event = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<TraceEvent>()) };
+                each(&event);
+                count += 1;
+            }
+        }
+        count
     }
 
     /// Hits of every site so far, per CPU (for the circuit breaker).
