@@ -180,9 +180,30 @@ fn check_cpp_fixture(opt: &str) {
         "{opt}: {total} samples, {:.1}% complete to main\n{report}",
         100.0 * complete
     );
+    // Samples in the plugin between its dlopen and its table reaching the
+    // kernel are cut at the plugin (the agent reads the new mapping when
+    // the first such sample arrives): on a loaded machine that can be a
+    // few samples, and only those may be cut.
+    let cut_elsewhere: Vec<Vec<&str>> = stacks
+        .iter()
+        .filter_map(|s| {
+            let user: Vec<&str> = s
+                .frames
+                .iter()
+                .filter(|(_, kernel)| !kernel)
+                .map(|(name, _)| name.as_str())
+                .collect();
+            let complete = user.last() == Some(&"_start") && user.contains(&"main");
+            let in_plugin = user
+                .first()
+                .is_some_and(|leaf| leaf.starts_with("plugin_") || leaf.contains("libnofpplugin"));
+            (!complete && !in_plugin).then_some(user)
+        })
+        .collect();
     assert!(
-        complete >= 0.99,
-        "only {:.1}% of {total} samples reach main through _start:\n{report}",
+        complete >= 0.99 || (complete >= 0.95 && cut_elsewhere.is_empty()),
+        "only {:.1}% of {total} samples reach main through _start; cut outside the \
+         just-loaded plugin: {cut_elsewhere:?}\n{report}",
         100.0 * complete
     );
     // C++ names are demangled with their parameters.
