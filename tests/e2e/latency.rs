@@ -763,3 +763,139 @@ fn trace_prints_each_hit_as_the_program_logged_it_and_filters_in_the_kernel() {
     assert!(dropped > 0, "{stderr}");
     assert_eq!(traced.len() as u64 + dropped, 300, "{stderr}");
 }
+
+#[test]
+fn library_names_resolve_through_the_ld_so_cache() {
+    // No path, no --pid: `libc` and `libstdc++` are found as the dynamic
+    // loader finds them (/etc/ld.so.cache), as bpftrace does.
+    for spec in ["uprobe:libc:getpid", "usdt:libstdc++:libstdcxx:throw"] {
+        let output = run_agent(&["latency", "--count", spec, "-d", "200ms"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{spec}: {stderr}");
+        assert!(stderr.contains("attached "), "{spec}: {stderr}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("@count:"),
+            "{spec}: {output:?}"
+        );
+    }
+    let output = run_agent(&[
+        "latency",
+        "--count",
+        "uprobe:libnosuchthing:f",
+        "-d",
+        "200ms",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("/etc/ld.so.cache"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn intervals_prometheus_and_pid_or_comm_keys_count_every_operation() {
+    let _serial = serial();
+    let fixture = build_latency_fixture("-O2");
+    let path = fixture.to_str().unwrap();
+    let comm: String = fixture
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .chars()
+        .take(15)
+        .collect();
+    for key in ["pid", "comm"] {
+        let mut target = Gated::start(&fixture, &[&ROUNDS.to_string(), "wait"]);
+        let pid = target.pid().to_string();
+        let agent = start_agent(&[
+            "latency",
+            "--pid",
+            &pid,
+            "--by",
+            key,
+            "--format",
+            "prometheus",
+            "--interval",
+            "100ms",
+            &format!("usdt:{path}:demo:op__start"),
+            &format!("usdt:{path}:demo:op__done"),
+        ]);
+        target.run_to_gate();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let done = agent.interrupt();
+        assert!(target.finish().success());
+        assert!(done.status.success(), "{done:?}");
+        let label = if key == "pid" {
+            format!("pid=\"{pid}\"")
+        } else {
+            format!("comm=\"{comm}\"")
+        };
+        let count_line = format!("profiler_probe_latency_seconds_count{{{label}}} ");
+        // Blocks: "# 0.1s", "# 0.2s", ..., then "# total, ...".
+        let (intervals, total) = done
+            .stdout
+            .split_once("# total")
+            .unwrap_or_else(|| panic!("no total block:\n{}", done.stdout));
+        let counts = |text: &str| -> u64 {
+            text.lines()
+                .filter_map(|l| {
+                    l.strip_prefix(count_line.as_str())?
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum()
+        };
+        assert!(
+            intervals.matches("\n# ").count() + usize::from(intervals.starts_with("# ")) >= 2,
+            "interval blocks:\n{}",
+            done.stdout
+        );
+        assert_eq!(counts(total), 7 * ROUNDS, "{}", done.stdout);
+        assert_eq!(
+            counts(intervals),
+            7 * ROUNDS,
+            "the intervals add up to the total:\n{}",
+            done.stdout
+        );
+    }
+}
+
+#[test]
+fn trace_reads_rip_relative_and_register_arguments_at_run_time() {
+    require_bpf_privileges();
+    // -O2: `fixture:global` reads the global `fixture_counter` (3) as
+    // `-4@fixture_counter(%rip)`, `fixture:add` its arguments from
+    // registers (i = 0 and argc = 1).
+    let binary = build_usdt_fixture("-O2", FixtureArch::Native);
+    let path = binary.to_str().unwrap();
+    for (probe, expected) in [("global", "arg0=3"), ("add", "arg0=0 arg1=1")] {
+        let spec = format!("usdt:{path}:fixture:{probe}");
+        let mut agent = Background::start(&agent_bin(), &["trace", &spec, "--print", "arg0,arg1"]);
+        if probe == "global" {
+            // One argument: the second is refused before attaching.
+            let done = agent.wait_exit(std::time::Duration::from_secs(10));
+            assert!(
+                !done.status.success() && done.stderr.contains("has 1 argument(s)"),
+                "{done:?}"
+            );
+            agent = Background::start(&agent_bin(), &["trace", &spec, "--print", "arg0"]);
+        }
+        agent.wait_for("tracing ");
+        let status = std::process::Command::new(&binary)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let done = agent.interrupt();
+        assert!(done.status.success(), "{done:?}");
+        let lines: Vec<&str> = done.stdout.lines().collect();
+        assert_eq!(lines.len(), 1, "{}", done.stdout);
+        assert!(
+            lines[0].ends_with(expected),
+            "{probe}: {:?}, expected {expected}",
+            lines[0]
+        );
+    }
+}

@@ -8,6 +8,8 @@
 //! - [`spec`]: `usdt:PATH:PROVIDER:NAME` / `uprobe:PATH:SYMBOL` specs,
 //!   globs, near-match suggestions.
 //! - [`target`]: the objects a running process maps, where its probes live.
+//! - [`ldcache`]: bare library names resolved through `/etc/ld.so.cache`,
+//!   as the dynamic loader resolves them.
 //! - [`histogram`]: bpftrace's log2/linear buckets, its text output, and
 //!   Prometheus exposition.
 //! - [`functions`]: functions by name (ELF symbols, Go pclntab) and their
@@ -28,6 +30,7 @@ pub mod breaker;
 pub mod functions;
 pub mod histogram;
 pub mod latency;
+pub mod ldcache;
 pub mod spec;
 pub mod target;
 pub mod usdt;

@@ -753,13 +753,14 @@ fn resolve_object(target: &Target, pid: Option<u32>) -> Result<Object, PlanError
                     });
             }
             search_path(name)
+                .or_else(|| super::super::ldcache::lookup(name))
                 .map(|path| Object {
                     open_path: path.clone(),
                     display: path,
                 })
                 .ok_or_else(|| PlanError::NotFound {
                     name: name.clone(),
-                    detail: "not in $PATH nor in the library directories".into(),
+                    detail: "not in $PATH, the library directories nor /etc/ld.so.cache".into(),
                 })
         }
     }
