@@ -97,3 +97,22 @@ fn unprivileged_run_names_the_missing_capabilities() {
         "{stderr}"
     );
 }
+
+#[test]
+fn an_unwritable_output_is_refused_before_profiling() {
+    // /proc takes no new files: the run is refused at once, not after its
+    // 10 minutes of samples.
+    let pid = std::process::id().to_string();
+    let output = run_agent(&["--pid", &pid, "-d", "10m", "-o", "/proc/profile.pb.gz"]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = stderr_of(&output);
+    assert!(
+        stderr.contains("cannot write the profile to /proc/profile.pb.gz")
+            && stderr.contains("--output"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("profiling "),
+        "it started profiling first: {stderr}"
+    );
+}

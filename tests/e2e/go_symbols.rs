@@ -128,6 +128,7 @@ fn ours_as_addr2line(frames: &[Frame]) -> (String, String) {
 /// functions byte by byte with addr2line. Returns (PCs compared, PCs with
 /// inline frames).
 fn compare_with_addr2line(go: &Path, binary: &Path, symbols: &GoSymbols) -> (usize, usize) {
+    every_go_nm_function_is_found(go, binary, symbols);
     let mut pcs = Vec::new();
     for function in symbols.functions() {
         let (entry, end) = (function.entry(), function.end());
@@ -182,6 +183,72 @@ fn compare_with_addr2line(go: &Path, binary: &Path, symbols: &GoSymbols) -> (usi
         &mismatches[..mismatches.len().min(10)]
     );
     (pcs.len(), inlined)
+}
+
+/// Every text symbol `go tool nm` lists is a function of ours at the same
+/// address (the PCs compared above come from our own table, so a function
+/// we miss would otherwise go unnoticed). nm names assembly functions with
+/// their ABI (`.abi0`), which the pclntab leaves out; `runtime.text` and
+/// `runtime.etext` mark the text's bounds, they are not functions; C
+/// functions of an external link lie outside the Go functions.
+fn every_go_nm_function_is_found(go: &Path, binary: &Path, symbols: &GoSymbols) {
+    let output = Command::new(go)
+        .args(["tool", "nm"])
+        .arg(binary)
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .expect("running go tool nm");
+    if !output.status.success() && String::from_utf8_lossy(&output.stderr).contains("no symbol") {
+        // A stripped build: nothing to list (its plain twin was checked).
+        return;
+    }
+    assert!(
+        output.status.success(),
+        "go tool nm failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Names as the runtime prints them on both sides: nm writes the
+    // symbol table's `.` where the pclntab has `·` (`untracedG·4`), and
+    // type arguments print as `[...]`.
+    let printed = |name: &str| {
+        profiler_agent::symbolize::go::name_for_print(&name.replace('·', ".")).into_owned()
+    };
+    let ours: std::collections::HashSet<(u64, String)> = symbols
+        .functions()
+        .map(|f| (f.entry(), printed(&f.name())))
+        .collect();
+    let mut listed = 0;
+    let mut missing = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [address, kind, name] = fields.as_slice() else {
+            continue;
+        };
+        if !matches!(*kind, "T" | "t") || matches!(*name, "runtime.text" | "runtime.etext") {
+            continue;
+        }
+        let Ok(address) = u64::from_str_radix(address, 16) else {
+            continue;
+        };
+        // C code of an externally linked binary (crt, cgo's C helpers):
+        // outside every Go function, named by the ELF symbols instead.
+        if symbols.function(address).is_none() {
+            continue;
+        }
+        listed += 1;
+        let name = printed(name.strip_suffix(".abi0").unwrap_or(name));
+        if !ours.contains(&(address, name.clone())) {
+            missing.push(format!("{address:#x} {name}"));
+        }
+    }
+    assert!(listed > 500, "go tool nm listed {listed} functions");
+    assert!(
+        missing.is_empty(),
+        "{}: {} of {listed} functions go tool nm lists are not ours: {:?}",
+        binary.display(),
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
 }
 
 /// One call site the fixture reported: physical function's offset and

@@ -27,6 +27,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
             bail!("no process with pid {pid} (check `ps -p {pid}`; it may have exited)");
         }
     }
+    check_output_writable(&args.output)?;
     check_privileges()?;
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -196,6 +197,35 @@ pub(crate) fn user_stack_summary(ends: &crate::record::UserStackEnds) -> String 
         ));
     }
     text
+}
+
+/// Fails before profiling when the output cannot be written: a long run
+/// into an unwritable path would otherwise be lost at its end, after the
+/// samples were taken. Creates the directory, and opens the file (without
+/// truncating it) or a scratch file beside it.
+fn check_output_writable(path: &Path) -> anyhow::Result<()> {
+    let cannot = |e: std::io::Error| {
+        anyhow::anyhow!(
+            "cannot write the profile to {}: {e}; choose another --output",
+            path.display()
+        )
+    };
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(cannot)?;
+    if path.exists() {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(cannot)?;
+        return Ok(());
+    }
+    let scratch = dir.join(format!(".profiler-agent-check-{}", std::process::id()));
+    std::fs::File::create(&scratch).map_err(cannot)?;
+    let _ = std::fs::remove_file(&scratch);
+    Ok(())
 }
 
 fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
