@@ -1,7 +1,8 @@
 //! Profile fidelity: the agent profiles a Go workload while the workload
-//! writes its own runtime/pprof CPU profile; each top function's flat
-//! share must agree within ±5 points, and the inlined function must be a
-//! frame of its own in both (a `Line` of its own in the leaf `Location`).
+//! writes its own runtime/pprof CPU profile; every function at 2% flat or
+//! 5% cumulative in either profile must agree within ±5 points (missing on
+//! one side counts as 0%), and the inlined function must be a frame of its
+//! own in both (a `Line` of its own in the leaf `Location`).
 
 use std::collections::HashMap;
 
@@ -33,6 +34,76 @@ fn flat_shares(profile: &proto::Profile) -> HashMap<String, f64> {
     flat.into_iter()
         .map(|(name, count)| (name, 100.0 * count as f64 / total.max(1) as f64))
         .collect()
+}
+
+/// Cumulative share (percent) per function: the samples whose stack holds
+/// it anywhere (inlined frames included), as `go tool pprof -top -cum`.
+fn cumulative_shares(profile: &proto::Profile) -> HashMap<String, f64> {
+    let strings = |i: i64| profile.string_table[i as usize].clone();
+    let functions: HashMap<u64, String> = profile
+        .function
+        .iter()
+        .map(|f| (f.id, strings(f.name)))
+        .collect();
+    let locations: HashMap<u64, &proto::Location> =
+        profile.location.iter().map(|l| (l.id, l)).collect();
+    let mut cum: HashMap<String, i64> = HashMap::new();
+    let mut total = 0;
+    for sample in &profile.sample {
+        let count = sample.value[0];
+        total += count;
+        let mut seen = std::collections::HashSet::new();
+        for line in sample
+            .location_id
+            .iter()
+            .filter_map(|id| locations.get(id))
+            .flat_map(|l| &l.line)
+        {
+            let name = &functions[&line.function_id];
+            if seen.insert(name.clone()) {
+                *cum.entry(name.clone()).or_default() += count;
+            }
+        }
+    }
+    cum.into_iter()
+        .map(|(name, count)| (name, 100.0 * count as f64 / total.max(1) as f64))
+        .collect()
+}
+
+/// Functions at or above `threshold` percent in either profile, each
+/// compared (missing on one side = 0%): within 5 points.
+fn assert_shares_agree(
+    what: &str,
+    go: &HashMap<String, f64>,
+    ours: &HashMap<String, f64>,
+    threshold: f64,
+) {
+    let mut names: Vec<&String> = go
+        .iter()
+        .chain(ours.iter())
+        .filter(|(_, share)| **share >= threshold)
+        .map(|(name, _)| name)
+        .collect();
+    // The goroutine's root frame, which Go's own tracebacks leave out and
+    // the agent keeps (it is the physical frame the stack walk ends at).
+    names.retain(|name| name.as_str() != "runtime.goexit");
+    names.sort();
+    names.dedup();
+    assert!(
+        names.len() >= 4,
+        "{what}: too few functions to compare: {go:?}"
+    );
+    for name in names {
+        let (theirs, mine) = (
+            go.get(name).copied().unwrap_or(0.0),
+            ours.get(name).copied().unwrap_or(0.0),
+        );
+        println!("{what} {name:32} runtime/pprof {theirs:5.1}%   profiler-agent {mine:5.1}%");
+        assert!(
+            (mine - theirs).abs() <= 5.0,
+            "{what} {name}: {mine:.1}% in our profile, {theirs:.1}% in Go's own"
+        );
+    }
 }
 
 /// Whether some location holds `function` inlined into `caller` (two
@@ -82,22 +153,16 @@ fn go_profile_matches_runtime_pprof() {
 
     let go = read_pprof(&own);
     let agent = read_pprof(&ours);
-    let go_flat = flat_shares(&go);
-    let agent_flat = flat_shares(&agent);
-    let mut top: Vec<_> = go_flat.iter().filter(|(_, share)| **share >= 2.0).collect();
-    top.sort_by(|a, b| b.1.total_cmp(a.1));
-    assert!(
-        top.len() >= 4,
-        "Go's profile has too few top functions: {go_flat:?}"
+    // Both directions: a function only one profile has counts as 0% in
+    // the other. Flat shares of the leaves, then cumulative shares of the
+    // whole stacks (callers must be right too).
+    assert_shares_agree("flat", &flat_shares(&go), &flat_shares(&agent), 2.0);
+    assert_shares_agree(
+        "cum",
+        &cumulative_shares(&go),
+        &cumulative_shares(&agent),
+        5.0,
     );
-    for (function, go_share) in top {
-        let ours = agent_flat.get(function).copied().unwrap_or(0.0);
-        println!("{function:20} runtime/pprof {go_share:5.1}%   profiler-agent {ours:5.1}%");
-        assert!(
-            (ours - go_share).abs() <= 5.0,
-            "{function}: {ours:.1}% in our profile, {go_share:.1}% in Go's own"
-        );
-    }
     for (name, profile) in [("runtime/pprof", &go), ("profiler-agent", &agent)] {
         assert!(
             has_inlined_frame(profile, "main.light", "main.lightLoop"),
