@@ -106,6 +106,8 @@ pub struct TraceEvent {
     pub site: u32,
     /// Bit i set: slot i was read.
     pub read: u32,
+    /// Start/end pairs: nanoseconds from the start (0 for single hits).
+    pub latency_ns: u64,
     pub args: [u64; TRACE_SLOTS],
     pub comm: [u8; 16],
     /// The string of `LatencyConfig::trace_text_slot`, NUL-padded.
@@ -161,6 +163,9 @@ pub struct LatencyConfig {
     /// Traced hits per second on one CPU sent to user space at most; more
     /// are counted as `TraceRateLimited`.
     pub trace_max_per_second: u64,
+    /// Start/end pairs: only operations at least this long are sent (more
+    /// are counted as `TraceFilteredOut`).
+    pub trace_min_ns: u64,
 }
 
 impl LatencyConfig {
@@ -181,6 +186,7 @@ impl LatencyConfig {
         _pad: [0; 3],
         filter_value: 0,
         trace_max_per_second: 0,
+        trace_min_ns: 0,
     };
 }
 

@@ -899,3 +899,66 @@ fn trace_reads_rip_relative_and_register_arguments_at_run_time() {
         );
     }
 }
+
+#[test]
+fn trace_of_start_end_pairs_prints_the_slow_operations_with_their_latency() {
+    let _serial = serial();
+    let fixture = build_latency_fixture("-O2");
+    let path = fixture.to_str().unwrap();
+    let mut target = Gated::start(&fixture, &[&ROUNDS.to_string(), "wait"]);
+    let pid = target.pid().to_string();
+    let start = format!("usdt:{path}:demo:op__start");
+    let end = format!("usdt:{path}:demo:op__done");
+    let mut agent = Background::start(
+        &agent_bin(),
+        &[
+            "trace",
+            &start,
+            &end,
+            "--pid",
+            &pid,
+            "--print",
+            "arg0,str:arg1",
+            "--min-latency",
+            "3ms",
+        ],
+    );
+    agent.wait_for("tracing ");
+    assert_eq!(target.run_to_gate().trim(), format!("ops {}", 7 * ROUNDS));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let done = agent.interrupt();
+    assert!(target.finish().success());
+    assert!(done.status.success(), "{done:?}");
+    // Per round: 2 x 4 ms ("medium") and 1 x 16 ms ("long") are over 3 ms;
+    // the 4 x 1 ms ("short") are left out in the kernel.
+    let mut seen: BTreeMap<(u64, String), u64> = BTreeMap::new();
+    for line in done.stdout.lines() {
+        let field = |key: &str| {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(key))
+                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+        };
+        let ms: u64 = field("arg0=").parse().unwrap();
+        let name = field("str:arg1=").trim_matches('"').to_string();
+        let latency: f64 = field("latency=").trim_end_matches("ms").parse().unwrap();
+        // The operation sleeps ms milliseconds: its latency covers that.
+        assert!(latency >= ms as f64, "{line}");
+        *seen.entry((ms, name)).or_default() += 1;
+    }
+    let expected: BTreeMap<(u64, String), u64> = [
+        ((4, "medium".to_string()), 2 * ROUNDS),
+        ((16, "long".to_string()), ROUNDS),
+    ]
+    .into();
+    assert_eq!(seen, expected, "{}\n{}", done.stdout, done.stderr);
+    assert!(
+        done.stderr.contains(&format!(
+            "{} starts, {} ends, 0 ends without a start, {} left out by the filter",
+            7 * ROUNDS,
+            7 * ROUNDS,
+            4 * ROUNDS
+        )),
+        "{}",
+        done.stderr
+    );
+}

@@ -28,9 +28,20 @@ use crate::probes::spec::ProbeSpec;
     profiler-agent trace 'uprobe:/usr/bin/python3.11:PyObject_GC_Collect' --pid 1234")]
 pub struct TraceArgs {
     /// The probe: usdt:PATH:PROVIDER:NAME or uprobe:PATH:FUNCTION (globs and
-    /// demangled names allowed).
+    /// demangled names allowed). With END: each operation from PROBE to
+    /// END on a thread, printed at its end with its latency (arguments are
+    /// read at PROBE).
     #[arg(value_name = "PROBE")]
     probe: String,
+
+    /// The probe that ends the operation (see PROBE).
+    #[arg(value_name = "END")]
+    end: Option<String>,
+
+    /// Only operations at least this long (with END, or a uprobe alone:
+    /// entry to return).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    min_latency: Option<Duration>,
 
     /// Only this process. Without it, every process running the binary.
     #[arg(short, long, value_name = "PID")]
@@ -155,6 +166,9 @@ fn trace_options(args: &TraceArgs) -> anyhow::Result<(TraceOptions, Vec<(PrintIt
             text_slot,
             filter,
             max_per_second: args.max_rate,
+            min_latency_ns: args
+                .min_latency
+                .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
         },
         printed,
     ))
@@ -163,8 +177,20 @@ fn trace_options(args: &TraceArgs) -> anyhow::Result<(TraceOptions, Vec<(PrintIt
 pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
     let spec = ProbeSpec::parse(&args.probe)?;
     let (trace, printed) = trace_options(args)?;
+    let measure = match (&args.end, args.min_latency) {
+        (Some(end), _) => Measure::TracePair {
+            start: spec,
+            end: ProbeSpec::parse(end)?,
+        },
+        // A function alone with --min-latency: entry to return.
+        (None, Some(_)) => match Measure::function(spec)? {
+            Measure::Between { start, end } => Measure::TracePair { start, end },
+            other => other,
+        },
+        (None, None) => Measure::Trace(spec),
+    };
     let options = LatencyOptions {
-        measure: Measure::Trace(spec),
+        measure,
         pid: args.pid,
         unit: Unit::Nanoseconds,
         layout: Layout::Log2,
@@ -180,10 +206,18 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
     let mut session = Session::start(&plan)?;
     let started_ns = monotonic_ns();
     let started = Instant::now();
+    let what = match &args.end {
+        Some(end) => format!("{} .. {end}", args.probe),
+        None => args.probe.clone(),
+    };
+    let columns = if plan.trace_pairs {
+        "TIME(s) PID TID COMM LATENCY ARGUMENTS"
+    } else {
+        "TIME(s) PID TID COMM ARGUMENTS"
+    };
     eprintln!(
-        "tracing {} uprobes of {} (Ctrl-C to stop): TIME(s) PID TID COMM ARGUMENTS",
+        "tracing {} uprobes of {what} (Ctrl-C to stop): {columns}",
         session.attached(),
-        args.probe
     );
     let mut breaker = Breaker::new(args.budget);
     let mut tripped = None;
@@ -219,7 +253,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         let _ = writeln!(stdout, "{}", line(&plan, &printed, started_ns, event));
     });
     stdout.flush().ok();
-    eprintln!("{}", counters_line(&session.snapshot()));
+    eprintln!("{}", counters_line(&plan, &session.snapshot()));
     if let Some(trip) = tripped {
         bail!(
             "detached after {:.1}s by the circuit breaker: {trip} (raise --budget, or 0 for no \
@@ -231,19 +265,24 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
 }
 
 /// What the kernel side counted: nothing dropped silently.
-fn counters_line(snapshot: &crate::probes::latency::Snapshot) -> String {
+fn counters_line(plan: &Plan, snapshot: &crate::probes::latency::Snapshot) -> String {
     use profiler_common::latency::LatencyCounter as C;
-    let parts: Vec<String> = [
-        C::Traced,
-        C::TraceFilteredOut,
-        C::TraceRateLimited,
-        C::TraceRingFull,
-        C::ArgReadFailed,
-        C::FilteredOut,
-    ]
-    .iter()
-    .map(|&c| format!("{} {}", snapshot.counter(c), c.name()))
-    .collect();
+    let hits: &[C] = if plan.trace_pairs {
+        &[C::Starts, C::Ends, C::EndWithoutStart]
+    } else {
+        &[C::Traced]
+    };
+    let parts: Vec<String> = hits
+        .iter()
+        .chain(&[
+            C::TraceFilteredOut,
+            C::TraceRateLimited,
+            C::TraceRingFull,
+            C::ArgReadFailed,
+            C::FilteredOut,
+        ])
+        .map(|&c| format!("{} {}", snapshot.counter(c), c.name()))
+        .collect();
     format!("kernel: {}", parts.join(", "))
 }
 
@@ -258,6 +297,9 @@ fn line(
     let comm_len = event.comm.iter().position(|&b| b == 0).unwrap_or(16);
     let comm = String::from_utf8_lossy(&event.comm[..comm_len]);
     let mut text = format!("{seconds:.6} {} {} {comm}", event.tgid, event.tid);
+    if plan.trace_pairs {
+        text.push_str(&format!(" latency={:.3}ms", event.latency_ns as f64 / 1e6));
+    }
     for (item, slot) in printed {
         if event.read & (1 << slot) == 0 {
             text.push_str(&format!(" arg{}=?", item.argument));

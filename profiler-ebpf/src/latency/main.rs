@@ -13,6 +13,9 @@
 //! - `latency_trace`: sends one record per hit (time, thread, the chosen
 //!   arguments and one string) through a ring buffer, after an optional
 //!   filter on an argument and under a per-CPU rate limit.
+//! - `latency_trace_start` / `latency_trace_end`: the same record, read at
+//!   the start of an operation and sent at its end with its latency, when
+//!   it took at least `trace_min_ns`.
 //!
 //! Every perf event carries a BPF cookie: the index of its site in
 //! `SITES`, where user space wrote how to read that site's key argument
@@ -79,6 +82,12 @@ static LATENCY_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(LATENC
 #[map]
 static TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(1 << 20, 0);
 
+/// Start/end tracing: the record read at each pending start. The loader
+/// shrinks it to one entry when the run does not trace pairs.
+#[map]
+static TRACE_STARTS: LruHashMap<StartKey, TraceEvent> =
+    LruHashMap::with_max_entries(16384, BPF_F_NO_COMMON_LRU);
+
 /// Per CPU: the start of the current one-second window of the trace rate
 /// limit, and the records sent in it.
 #[map]
@@ -107,6 +116,18 @@ pub fn latency_count(ctx: ProbeContext) -> u32 {
 #[uprobe]
 pub fn latency_trace(ctx: ProbeContext) -> u32 {
     on_trace(&ctx);
+    0
+}
+
+#[uprobe]
+pub fn latency_trace_start(ctx: ProbeContext) -> u32 {
+    on_trace_start(&ctx);
+    0
+}
+
+#[uprobe]
+pub fn latency_trace_end(ctx: ProbeContext) -> u32 {
+    on_trace_end(&ctx);
     0
 }
 
@@ -280,18 +301,98 @@ fn on_trace(ctx: &ProbeContext) {
         bump(LatencyCounter::FilteredOut);
         return;
     }
+    let Some(mut event) = trace_record(ctx, &config, pid_tgid) else {
+        return;
+    };
+    // SAFETY: reads the monotonic clock.
+    event.time_ns = unsafe { bpf_ktime_get_ns() };
+    send_trace(&event, &config);
+}
+
+#[inline(always)]
+fn on_trace_start(ctx: &ProbeContext) {
+    bump(LatencyCounter::Starts);
+    let config = config();
+    let Some(key) = start_key(ctx, &config) else {
+        return;
+    };
+    let Some(mut event) = trace_record(ctx, &config, bpf_get_current_pid_tgid()) else {
+        return;
+    };
+    // Last, so reading the arguments is not measured.
+    // SAFETY: reads the monotonic clock.
+    event.time_ns = unsafe { bpf_ktime_get_ns() };
+    if TRACE_STARTS.insert(&key, &event, 0).is_err() {
+        bump(LatencyCounter::StartMapFull);
+    }
+}
+
+#[inline(always)]
+fn on_trace_end(ctx: &ProbeContext) {
+    // SAFETY: reads the monotonic clock; first, so our work is not measured.
+    let now = unsafe { bpf_ktime_get_ns() };
+    bump(LatencyCounter::Ends);
+    let config = config();
+    let Some(key) = start_key(ctx, &config) else {
+        return;
+    };
+    // SAFETY: the value is copied out before the entry is deleted.
+    let Some(mut event) = (unsafe { TRACE_STARTS.get(&key) }).copied() else {
+        bump(LatencyCounter::EndWithoutStart);
+        return;
+    };
+    let _ = TRACE_STARTS.remove(&key);
+    event.latency_ns = now.saturating_sub(event.time_ns);
+    if event.latency_ns < config.trace_min_ns {
+        bump(LatencyCounter::TraceFilteredOut);
+        return;
+    }
+    send_trace(&event, &config);
+}
+
+/// Sends one record under the per-CPU rate limit.
+#[inline(always)]
+fn send_trace(event: &TraceEvent, config: &LatencyConfig) {
+    if config.trace_max_per_second != 0
+        && let Some(rate) = TRACE_RATE.get_ptr_mut(0)
+    {
+        // SAFETY: reads the monotonic clock.
+        let now = unsafe { bpf_ktime_get_ns() };
+        // SAFETY: this CPU's slot; programs do not nest on one CPU.
+        unsafe {
+            if now.saturating_sub((*rate)[0]) >= 1_000_000_000 {
+                (*rate)[0] = now;
+                (*rate)[1] = 0;
+            }
+            if (*rate)[1] >= config.trace_max_per_second {
+                bump(LatencyCounter::TraceRateLimited);
+                return;
+            }
+            (*rate)[1] += 1;
+        }
+    }
+    if TRACE_EVENTS.output::<TraceEvent>(event, 0).is_err() {
+        bump(LatencyCounter::TraceRingFull);
+    }
+}
+
+/// The record of a hit: thread, the site's arguments in their slots, the
+/// string, the thread name; None when the filter leaves it out (counted).
+#[inline(always)]
+fn trace_record(ctx: &ProbeContext, config: &LatencyConfig, pid_tgid: u64) -> Option<TraceEvent> {
     // SAFETY: the helper only reads the run context's cookie.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let Some(site) = SITES.get(cookie as u32) else {
         bump(LatencyCounter::UnknownSite);
-        return;
+        return None;
     };
     let mut event = TraceEvent {
         time_ns: 0,
-        tgid,
+        tgid: (pid_tgid >> 32) as u32,
         tid: pid_tgid as u32,
         site: cookie as u32,
         read: 0,
+        latency_ns: 0,
         args: [0; TRACE_SLOTS],
         comm: [0; 16],
         text: [0; TRACE_TEXT_LEN],
@@ -315,30 +416,11 @@ fn on_trace(ctx: &ProbeContext) {
     }
     if config.filter_op != FILTER_NONE {
         let slot = config.filter_slot as usize;
-        if slot >= TRACE_SLOTS || !passes(event.args[slot], &config) {
+        if slot >= TRACE_SLOTS || !passes(event.args[slot], config) {
             bump(LatencyCounter::TraceFilteredOut);
-            return;
+            return None;
         }
     }
-    // SAFETY: reads the monotonic clock.
-    let now = unsafe { bpf_ktime_get_ns() };
-    if config.trace_max_per_second != 0
-        && let Some(rate) = TRACE_RATE.get_ptr_mut(0)
-    {
-        // SAFETY: this CPU's slot; programs do not nest on one CPU.
-        unsafe {
-            if now.saturating_sub((*rate)[0]) >= 1_000_000_000 {
-                (*rate)[0] = now;
-                (*rate)[1] = 0;
-            }
-            if (*rate)[1] >= config.trace_max_per_second {
-                bump(LatencyCounter::TraceRateLimited);
-                return;
-            }
-            (*rate)[1] += 1;
-        }
-    }
-    event.time_ns = now;
     if let Ok(comm) = bpf_get_current_comm() {
         event.comm = comm;
     }
@@ -352,9 +434,7 @@ fn on_trace(ctx: &ProbeContext) {
             bump(LatencyCounter::ArgReadFailed);
         }
     }
-    if TRACE_EVENTS.output::<TraceEvent>(&event, 0).is_err() {
-        bump(LatencyCounter::TraceRingFull);
-    }
+    Some(event)
 }
 
 /// `--filter`: the slot's value compared with the constant.

@@ -31,6 +31,9 @@ pub enum Measure {
     Count(ProbeSpec),
     /// Every hit of one probe, one record each (`trace`).
     Trace(ProbeSpec),
+    /// Every operation from `start` to `end` on a thread (goroutine for Go
+    /// functions), one record each with its latency (`trace START END`).
+    TracePair { start: ProbeSpec, end: ProbeSpec },
 }
 
 /// What each traced hit carries and which hits are sent (`trace`).
@@ -44,6 +47,8 @@ pub struct TraceOptions {
     pub filter: Option<TraceFilter>,
     /// Records per second on one CPU at most (0: no limit).
     pub max_per_second: u64,
+    /// Start/end pairs: only operations at least this long.
+    pub min_latency_ns: u64,
 }
 
 /// `--filter 'argN OP VALUE'`.
@@ -175,10 +180,19 @@ pub enum Role {
     End,
     Count,
     Trace,
+    TraceStart,
+    TraceEnd,
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Start, Role::End, Role::Count, Role::Trace];
+    pub const ALL: [Role; 6] = [
+        Role::Start,
+        Role::End,
+        Role::Count,
+        Role::Trace,
+        Role::TraceStart,
+        Role::TraceEnd,
+    ];
 
     pub fn program(self) -> &'static str {
         match self {
@@ -186,6 +200,8 @@ impl Role {
             Role::End => "latency_end",
             Role::Count => "latency_count",
             Role::Trace => "latency_trace",
+            Role::TraceStart => "latency_trace_start",
+            Role::TraceEnd => "latency_trace_end",
         }
     }
 }
@@ -216,6 +232,8 @@ pub struct Plan {
     pub by_goroutine: bool,
     /// Tracing: every hit through the ring buffer.
     pub tracing: bool,
+    /// Tracing start/end pairs (records carry a latency).
+    pub trace_pairs: bool,
     /// Per trace slot: the argument spec said it is signed.
     pub trace_signed: [bool; TRACE_SLOTS],
 }
@@ -287,7 +305,11 @@ pub fn plan(options: &LatencyOptions) -> Result<Plan, PlanError> {
             "at most {TRACE_SLOTS} arguments can be printed or filtered on"
         )));
     }
-    let tracing = matches!(options.measure, Measure::Trace(_));
+    let tracing = matches!(
+        options.measure,
+        Measure::Trace(_) | Measure::TracePair { .. }
+    );
+    let trace_pairs = matches!(options.measure, Measure::TracePair { .. });
     let counting = match &options.measure {
         Measure::Between { start, end } => {
             builder.add(start, Role::Start)?;
@@ -300,6 +322,11 @@ pub fn plan(options: &LatencyOptions) -> Result<Plan, PlanError> {
         }
         Measure::Trace(spec) => {
             builder.add(spec, Role::Trace)?;
+            false
+        }
+        Measure::TracePair { start, end } => {
+            builder.add(start, Role::TraceStart)?;
+            builder.add(end, Role::TraceEnd)?;
             false
         }
     };
@@ -358,6 +385,7 @@ pub fn plan(options: &LatencyOptions) -> Result<Plan, PlanError> {
         _pad: [0; 3],
         filter_value: options.trace.filter.map_or(0, |f| f.value),
         trace_max_per_second: options.trace.max_per_second,
+        trace_min_ns: options.trace.min_latency_ns,
     };
     Ok(Plan {
         key_signed: builder.key_signed,
@@ -369,6 +397,7 @@ pub fn plan(options: &LatencyOptions) -> Result<Plan, PlanError> {
         key: options.key,
         counting,
         tracing,
+        trace_pairs,
         trace_signed: builder.trace_signed,
     })
 }
@@ -408,14 +437,14 @@ impl Builder<'_> {
     fn reads_key(&self, role: Role) -> Option<usize> {
         match role {
             Role::Start | Role::Count => self.options.key.argument(),
-            Role::End | Role::Trace => None,
+            Role::End | Role::Trace | Role::TraceStart | Role::TraceEnd => None,
         }
     }
 
     /// The argument indices a site of `role` reads into trace slots.
     fn trace_slots(&self, role: Role) -> Vec<usize> {
         match role {
-            Role::Trace => self.options.trace.slots.clone(),
+            Role::Trace | Role::TraceStart => self.options.trace.slots.clone(),
             _ => Vec::new(),
         }
     }

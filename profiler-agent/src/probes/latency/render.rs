@@ -160,6 +160,7 @@ mod tests {
             counting,
             by_goroutine: false,
             tracing: false,
+            trace_pairs: false,
             trace_signed: [false; profiler_common::latency::TRACE_SLOTS],
         }
     }

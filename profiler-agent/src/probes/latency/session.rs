@@ -196,6 +196,9 @@ impl Session {
             // One page instead of the megabyte a trace needs.
             loader.map_max_entries(TRACE_EVENTS, 4096);
         }
+        if !plan.trace_pairs {
+            loader.map_max_entries("TRACE_STARTS", 1);
+        }
         let mut ebpf = loader
             .load(BPF_OBJECT)
             .map_err(|e| SessionError::Load(error_chain(&e)))?;
