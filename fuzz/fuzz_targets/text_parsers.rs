@@ -1,11 +1,13 @@
 //! Any text as /proc/PID/maps, /proc/kallsyms, a JIT perf map, a USDT
-//! argument spec (both architectures) or a probe spec: never a panic.
+//! argument spec (both architectures) or a probe spec, and any bytes as
+//! /etc/ld.so.cache: never a panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use profiler_agent::probes::{Arch, ArgSpec, ProbeSpec};
 
 fuzz_target!(|data: &[u8]| {
+    let _ = profiler_agent::probes::ldcache::parse(data);
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };

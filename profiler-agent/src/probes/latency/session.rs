@@ -193,8 +193,12 @@ impl Session {
         let mut loader = EbpfLoader::new();
         loader.override_global(GLOBAL_LATENCY_CONFIG, &plan.config, true);
         if !plan.tracing {
-            // One page instead of the megabyte a trace needs.
-            loader.map_max_entries(TRACE_EVENTS, 4096);
+            // One page instead of the megabyte a trace needs (a ring
+            // buffer is a whole number of pages: 64 KiB on some arm64
+            // kernels).
+            // SAFETY: sysconf reads a constant of the system.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            loader.map_max_entries(TRACE_EVENTS, u32::try_from(page).unwrap_or(4096).max(4096));
         }
         if !plan.trace_pairs {
             loader.map_max_entries("TRACE_STARTS", 1);
