@@ -11,6 +11,7 @@ mod growth;
 mod listener;
 mod offcpu;
 mod overhead;
+mod probes;
 mod process;
 mod profilers;
 mod report;
@@ -170,6 +171,8 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     );
     results.off_cpu = offcpu::run(&env, &plan);
     errors.append(&mut results.off_cpu.errors);
+    results.probes = probes::run(&env, &plan);
+    errors.append(&mut results.probes.errors);
     results.stripped = stripped::run(&env, &plan);
     errors.append(&mut results.stripped.errors);
     results.continuous = continuous::run(&env, &plan);

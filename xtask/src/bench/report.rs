@@ -27,6 +27,7 @@ pub struct Results {
     pub listener: Option<super::listener::Listener>,
     pub off_cpu: super::offcpu::OffCpuBench,
     pub stripped: super::stripped::Stripped,
+    pub probes: super::probes::ProbeBench,
     pub load_before: String,
     pub load_after: String,
     pub elapsed: Duration,
@@ -311,10 +312,7 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
 
     // 8. Probes.
     let _ = writeln!(md, "## 8. Probes\n");
-    let _ = writeln!(
-        md,
-        "| probe overhead (uprobe/USDT latency histograms) vs bpftrace | not yet |\n|---|---|\n"
-    );
+    probes_section(&mut md, &r.probes);
 
     off_cpu_section(&mut md, plan, &r.off_cpu);
 
@@ -1049,6 +1047,51 @@ fn stripped_section(md: &mut String, s: &super::stripped::Stripped) {
             md,
             "\nAgent / (debuginfod-find + eu-addr2line): {:.2}× the time.\n",
             f.agent.seconds / elfutils.max(1e-9)
+        );
+    }
+}
+
+/// The cost of a start/end probe pair: ours against bpftrace's.
+fn probes_section(md: &mut String, p: &super::probes::ProbeBench) {
+    use super::probes::Tracer;
+    let _ = writeln!(
+        md,
+        "A loop of operations between two USDT probes without semaphores \
+         (`tests/fixtures/bench/probeloop.c`), attached by path: `profiler-agent latency \
+         --budget 0 START END` against the bpftrace script that does the same (`@s[tid] = \
+         nsecs` at the start, `@h = hist(nsecs - @s[tid]); delete(@s[tid])` at the end). BPF ns \
+         per operation: the kernel's run time of the tool's uprobe programs (bpf_stats) per \
+         start+end pair. Throughput: the loop's operations per second over the unprobed loop's \
+         in the same repetition (each probe also costs a trap into the kernel, the same for \
+         both tools).\n"
+    );
+    let _ = writeln!(
+        md,
+        "| tool | BPF ns per operation | throughput vs unprobed |"
+    );
+    let _ = writeln!(md, "|---|---|---|");
+    for tracer in [Tracer::Agent, Tracer::Bpftrace] {
+        let bpf = p.bpf_ns_per_operation(tracer);
+        let throughput = p.throughput(tracer);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} |",
+            tracer.name(),
+            bpf.map_or("–".into(), |s| format!(
+                "{:.0} ({:.0}–{:.0})",
+                s.median, s.min, s.max
+            )),
+            throughput.map_or("–".into(), |s| format!("{:.4}", s.median)),
+        );
+    }
+    if let (Some(ours), Some(theirs)) = (
+        p.bpf_ns_per_operation(Tracer::Agent),
+        p.bpf_ns_per_operation(Tracer::Bpftrace),
+    ) {
+        let _ = writeln!(
+            md,
+            "\nAgent / bpftrace, BPF time per operation: {:.2}×.\n",
+            ours.median / theirs.median.max(1e-9)
         );
     }
 }

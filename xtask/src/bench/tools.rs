@@ -89,7 +89,14 @@ pub fn bcc_kernel_source(cache: &Path) -> anyhow::Result<Option<PathBuf>> {
 
 /// The C workloads: frame pointers on and sibling calls off so every
 /// profiler can walk their stacks.
-const C_WORKLOADS: &[&str] = &["syscalls", "deepstacks", "burst", "stacks", "pingpong"];
+const C_WORKLOADS: &[&str] = &[
+    "syscalls",
+    "deepstacks",
+    "burst",
+    "stacks",
+    "pingpong",
+    "probeloop",
+];
 
 /// Builds the workloads into `bins` (gcc takes well under a second each;
 /// Go's build cache makes the rebuild cheap).
