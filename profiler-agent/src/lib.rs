@@ -5,12 +5,16 @@
 //! distinct stack, process capture) → `process` (/proc maps, objects) →
 //! `unwind` (which address each frame is looked up as) → `symbolize`
 //! (addresses → functions) → `profile` (model and encoders: pprof, folded
-//! stacks, SVG). `cli` is a thin layer over them.
+//! stacks, SVG). `cli` is a thin layer over them. Beside the profile:
+//! `probes` (what and where USDT probes and uprobes are) and `latency`
+//! (measuring at them: histograms, traces); `continuous` (the `run`
+//! agent) and `export` (its exporters and listener).
 
 mod bpf_loading;
 pub mod cli;
 pub mod continuous;
 pub mod export;
+pub mod latency;
 pub mod probes;
 pub mod process;
 pub mod profile;

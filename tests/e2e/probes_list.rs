@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use profiler_agent::probes::histogram::{Histogram, Layout, Unit, text};
+use profiler_agent::latency::histogram::{Histogram, Layout, Unit, text};
 use profiler_tests::*;
 
 /// One probe site as the agent listed it.

@@ -10,11 +10,11 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use profiler_common::latency::LatencyCounter;
 
-use crate::probes::breaker::Breaker;
-use crate::probes::histogram::{Layout, Unit};
-use crate::probes::latency::plan::{parse_linear, parse_unit};
-use crate::probes::latency::render::{prometheus_report, text_report};
-use crate::probes::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, Snapshot, plan};
+use crate::latency::breaker::Breaker;
+use crate::latency::histogram::{Layout, Unit};
+use crate::latency::plan::{parse_linear, parse_unit};
+use crate::latency::render::{prometheus_report, text_report};
+use crate::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, Snapshot, plan};
 use crate::probes::spec::ProbeSpec;
 
 #[derive(Debug, Args)]
@@ -66,7 +66,7 @@ pub struct LatencyArgs {
     /// Circuit breaker: hits per second on any one CPU above which the
     /// probes are detached (each hit traps into the kernel, about 1-2 us;
     /// the default keeps them near 1% of a CPU); 0: no limit.
-    #[arg(long, value_name = "HITS", default_value_t = crate::probes::breaker::DEFAULT_BUDGET)]
+    #[arg(long, value_name = "HITS", default_value_t = crate::latency::breaker::DEFAULT_BUDGET)]
     budget: u64,
 }
 

@@ -14,9 +14,9 @@ use profiler_common::latency::{
     FILTER_EQ, FILTER_GE, FILTER_GT, FILTER_LE, FILTER_LT, FILTER_NE, TRACE_SLOTS, TraceEvent,
 };
 
-use crate::probes::breaker::{Breaker, DEFAULT_BUDGET};
-use crate::probes::histogram::{Layout, Unit};
-use crate::probes::latency::{
+use crate::latency::breaker::{Breaker, DEFAULT_BUDGET};
+use crate::latency::histogram::{Layout, Unit};
+use crate::latency::{
     KeyBy, LatencyOptions, Measure, Plan, Session, TraceFilter, TraceOptions, plan,
 };
 use crate::probes::spec::ProbeSpec;
@@ -265,7 +265,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
 }
 
 /// What the kernel side counted: nothing dropped silently.
-fn counters_line(plan: &Plan, snapshot: &crate::probes::latency::Snapshot) -> String {
+fn counters_line(plan: &Plan, snapshot: &crate::latency::Snapshot) -> String {
     use profiler_common::latency::LatencyCounter as C;
     let hits: &[C] = if plan.trace_pairs {
         &[C::Starts, C::Ends, C::EndWithoutStart]

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::probes::breaker::{Breaker, DEFAULT_BUDGET};
-use crate::probes::histogram::Layout;
-use crate::probes::latency::plan::{parse_linear, parse_unit};
-use crate::probes::latency::render::prometheus_report;
-use crate::probes::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, plan};
+use crate::latency::breaker::{Breaker, DEFAULT_BUDGET};
+use crate::latency::histogram::Layout;
+use crate::latency::plan::{parse_linear, parse_unit};
+use crate::latency::render::prometheus_report;
+use crate::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, plan};
 use crate::probes::spec::ProbeSpec;
 
 /// One `[[probes]]` entry.

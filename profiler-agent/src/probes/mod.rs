@@ -10,15 +10,13 @@
 //! - [`target`]: the objects a running process maps, where its probes live.
 //! - [`ldcache`]: bare library names resolved through `/etc/ld.so.cache`,
 //!   as the dynamic loader resolves them.
-//! - [`histogram`]: bpftrace's log2/linear buckets, its text output, and
-//!   Prometheus exposition.
 //! - [`functions`]: functions by name (ELF symbols, Go pclntab) and their
 //!   RET instructions, for `uprobe:`/`uretprobe:` specs.
 //! - [`attach`]: uprobe perf events opened by hand (semaphores through
 //!   `ref_ctr_offset`) with a BPF program and cookie attached.
-//! - [`latency`]: the `latency` command's plan, BPF session and output.
-//! - [`breaker`]: the budget of hits per second that detaches a probe
-//!   costing its process too much.
+//!
+//! Measuring at probes (latency histograms, traces, the circuit breaker)
+//! is the `latency` module beside this one.
 //!
 //! The README's "Probes" and "Latency histograms" sections say what is
 //! supported and how it was checked.
@@ -26,10 +24,7 @@
 pub mod arch;
 pub mod args;
 pub mod attach;
-pub mod breaker;
 pub mod functions;
-pub mod histogram;
-pub mod latency;
 pub mod ldcache;
 pub mod spec;
 pub mod target;

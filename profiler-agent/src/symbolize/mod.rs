@@ -7,7 +7,6 @@
 //! Nothing here fails a profile: an address that cannot be named becomes a
 //! frame like `libfoo.so+0x1234` and is counted.
 
-mod bytes;
 pub mod debuginfod;
 pub mod demangle;
 pub mod dwarf;
@@ -16,6 +15,7 @@ mod frame;
 pub mod go;
 pub mod kernel;
 pub mod perf_map;
+mod shared_bytes;
 
 pub use elf::{ElfError, ElfObject};
 pub use frame::{Frame, NameSource, Resolver};

@@ -4,6 +4,6 @@
 //! ([`SectionData::of`]).
 
 /// One section's bytes, cheap to clone.
-pub use super::super::bytes::SharedBytes as SectionData;
+pub use super::super::shared_bytes::SharedBytes as SectionData;
 
 pub type SectionReader = gimli::EndianReader<gimli::RunTimeEndian, SectionData>;

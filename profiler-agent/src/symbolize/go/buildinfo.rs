@@ -2,8 +2,8 @@
 
 use object::{Object, ObjectSection};
 
-use super::bytes::{Endian, uvarint64};
 use super::image::Image;
+use super::reader::{Endian, uvarint64};
 
 /// "\xff Go buildinf:" (debug/buildinfo/buildinfo.go), 16-byte aligned.
 const BUILDINFO_MAGIC: &[u8] = b"\xff Go buildinf:";

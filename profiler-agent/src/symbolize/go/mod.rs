@@ -25,10 +25,10 @@
 //! Facts cite the Go source of the version they come from.
 
 mod buildinfo;
-mod bytes;
 mod error;
 mod image;
 mod locate;
+mod reader;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -37,8 +37,8 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::bytes::SharedBytes;
 use super::frame::{Frame, NameSource, Resolver};
+use super::shared_bytes::SharedBytes;
 
 pub use error::GoError;
 pub use locate::{PclntabSource, Strategy};

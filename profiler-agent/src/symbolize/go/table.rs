@@ -7,9 +7,9 @@
 //! validation pass over the function table: records, names and tables are
 //! read when a lookup needs them.
 
-use super::super::bytes::SharedBytes;
-use super::bytes::{Endian, cstr, uvarint32};
+use super::super::shared_bytes::SharedBytes;
 use super::error::GoError;
+use super::reader::{Endian, cstr, uvarint32};
 
 /// The pclntab layouts, one per magic number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

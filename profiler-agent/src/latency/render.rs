@@ -6,8 +6,8 @@ use profiler_common::latency::HistKey;
 
 use super::plan::{KeyBy, Plan};
 use super::session::{KeyTotals, Snapshot};
-use crate::probes::histogram::prometheus::{self, Series};
-use crate::probes::histogram::{Histogram, HistogramError, Unit, text};
+use crate::latency::histogram::prometheus::{self, Series};
+use crate::latency::histogram::{Histogram, HistogramError, Unit, text};
 
 /// The histogram of one key.
 pub fn histogram(plan: &Plan, totals: &KeyTotals) -> Result<Histogram, HistogramError> {
@@ -146,7 +146,7 @@ fn escape(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probes::histogram::Layout;
+    use crate::latency::histogram::Layout;
     use profiler_common::latency::{HIST_SLOTS, LatencyConfig};
 
     fn plan(key: KeyBy, counting: bool) -> Plan {

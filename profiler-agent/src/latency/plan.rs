@@ -12,14 +12,14 @@ use profiler_common::latency::{
     SiteConfig, TRACE_NO_SLOT, TRACE_SLOTS,
 };
 
-use super::super::arch::Arch;
-use super::super::args::{ArgSpec, Location};
-use super::super::attach::UprobeTarget;
-use super::super::functions::{FunctionError, FunctionTable};
-use super::super::histogram::{Layout, Unit};
-use super::super::spec::{ProbeSpec, Target, glob_match, suggest};
-use super::super::target::{TargetError, find_by_name, mapped_objects};
-use super::super::usdt::{UsdtError, read_probes_as};
+use super::histogram::{Layout, Unit};
+use crate::probes::arch::Arch;
+use crate::probes::args::{ArgSpec, Location};
+use crate::probes::attach::UprobeTarget;
+use crate::probes::functions::{FunctionError, FunctionTable};
+use crate::probes::spec::{ProbeSpec, Target, glob_match, suggest};
+use crate::probes::target::{TargetError, find_by_name, mapped_objects};
+use crate::probes::usdt::{UsdtError, read_probes_as};
 
 /// What to measure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -782,7 +782,7 @@ fn resolve_object(target: &Target, pid: Option<u32>) -> Result<Object, PlanError
                     });
             }
             search_path(name)
-                .or_else(|| super::super::ldcache::lookup(name))
+                .or_else(|| crate::probes::ldcache::lookup(name))
                 .map(|path| Object {
                     open_path: path.clone(),
                     display: path,
