@@ -277,9 +277,14 @@ impl Symbolizer {
             };
             let _ = elf::guard(|| {
                 let parsed = object::File::parse(&*data)?;
+                // Only the build-id path is looked at locally: a debuglink's
+                // CRC check reads the whole file, too slow for the thread
+                // that drains samples (an object with only a debuglinked
+                // debug file may be asked for needlessly; reading it later
+                // prefers the local file all the same).
                 if wants_debuginfod(&parsed)
                     && let Some(id) = object::Object::build_id(&parsed)?
-                    && dwarf::find_debug_file(&parsed, file).is_none()
+                    && dwarf::find_by_build_id(&parsed, file).is_none()
                 {
                     client.lookup(id, None);
                 }

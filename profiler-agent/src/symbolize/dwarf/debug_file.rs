@@ -25,23 +25,15 @@ const MAX_CRC_BYTES: u64 = 4 << 30;
 /// (for messages) and the open file. The root held open in `object` is
 /// used when there is one (it outlives the process).
 pub fn find_debug_file(file: &object::File<'_>, object: &ObjectFile) -> Option<(PathBuf, File)> {
+    if let Some(found) = find_by_build_id(file, object) {
+        return Some(found);
+    }
     let (root, path) = (&object.root, &object.path);
     let inside = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
     let open = |p: &Path| match &object.root_dir {
         Some(dir) => contained::open_in(dir, p),
         None => contained::open(&inside(p)),
     };
-    if let Ok(Some(id)) = file.build_id()
-        && id.len() >= 2
-    {
-        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-        let candidate = Path::new("/usr/lib/debug/.build-id")
-            .join(&hex[..2])
-            .join(format!("{}.debug", &hex[2..]));
-        if let Ok(opened) = open(&candidate) {
-            return Some((inside(&candidate), opened));
-        }
-    }
     let (name, crc) = debuglink(file)?;
     let dir = path.parent().unwrap_or(Path::new("/"));
     let candidates = [
@@ -64,6 +56,32 @@ pub fn find_debug_file(file: &object::File<'_>, object: &ObjectFile) -> Option<(
             // The CRC read moved the file position; mappings ignore it.
             Some((inside(c), opened))
         })
+}
+
+/// The debug file under `/usr/lib/debug/.build-id/` for `file`'s GNU build
+/// id, inside its root: one open, no read (cheap enough for the thread
+/// that drains samples).
+pub fn find_by_build_id(file: &object::File<'_>, object: &ObjectFile) -> Option<(PathBuf, File)> {
+    let id = file.build_id().ok().flatten().filter(|id| id.len() >= 2)?;
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    let candidate = Path::new("/usr/lib/debug/.build-id")
+        .join(&hex[..2])
+        .join(format!("{}.debug", &hex[2..]));
+    let opened = match &object.root_dir {
+        Some(dir) => contained::open_in(dir, &candidate),
+        None => contained::open(
+            &object
+                .root
+                .join(candidate.strip_prefix("/").unwrap_or(&candidate)),
+        ),
+    }
+    .ok()?;
+    Some((
+        object
+            .root
+            .join(candidate.strip_prefix("/").unwrap_or(&candidate)),
+        opened,
+    ))
 }
 
 /// `.gnu_debuglink`: a NUL-terminated file name, padding to 4 bytes, then

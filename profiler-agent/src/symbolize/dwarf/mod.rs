@@ -21,7 +21,7 @@ mod names;
 mod sections;
 mod units;
 
-pub use debug_file::find_debug_file;
+pub use debug_file::{find_by_build_id, find_debug_file};
 
 use std::sync::Arc;
 
