@@ -411,6 +411,20 @@ fn go_goroutine_register(arch: Arch) -> &'static str {
     }
 }
 
+/// How to read a function's integer argument from its entry register
+/// (the `pt_regs` slot at `offset`), as a signed 64-bit value.
+fn entry_register_reader(offset: u16) -> ArgReader {
+    ArgReader {
+        kind: ARG_REGISTER,
+        size: 8,
+        signed: 1,
+        scale: 1,
+        base: offset,
+        index: NO_REGISTER,
+        value: 0,
+    }
+}
+
 /// Integer argument registers of a function's entry: the SysV ABI for C,
 /// Go's ABIInternal (Go ≥ 1.17 on amd64, ≥ 1.18 on arm64) for Go.
 fn entry_argument_register(arch: Arch, go: bool, index: usize) -> Option<&'static str> {
@@ -590,15 +604,7 @@ impl Builder<'_> {
                          be read at a function's entry"
                     ),
                 })?;
-            key_arg = ArgReader {
-                kind: ARG_REGISTER,
-                size: 8,
-                signed: 1,
-                scale: 1,
-                base: register.pt_regs_offset,
-                index: NO_REGISTER,
-                value: 0,
-            };
+            key_arg = entry_register_reader(register.pt_regs_offset);
             self.key_signed = true;
         }
         let mut trace_args = [ArgReader::default(); TRACE_SLOTS];
@@ -616,15 +622,7 @@ impl Builder<'_> {
                          registers can be read at a function's entry"
                     ))
                 })?;
-            trace_args[slot] = ArgReader {
-                kind: ARG_REGISTER,
-                size: 8,
-                signed: 1,
-                scale: 1,
-                base: register.pt_regs_offset,
-                index: NO_REGISTER,
-                value: 0,
-            };
+            trace_args[slot] = entry_register_reader(register.pt_regs_offset);
             self.trace_signed[slot] = true;
         }
         for function in table.find(symbol)? {
