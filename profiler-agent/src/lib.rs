@@ -5,7 +5,8 @@
 //! distinct stack, process capture) → `process` (/proc maps, objects) →
 //! `unwind` (which address each frame is looked up as) → `symbolize`
 //! (addresses → functions) → `profile` (model and encoders: pprof, folded
-//! stacks, SVG). `cli` is a thin layer over them. Beside the profile:
+//! stacks, SVG), with `golabels` (Go pprof labels the sampling program
+//! copies from goroutines). `cli` is a thin layer over them. Beside the profile:
 //! `probes` (what and where USDT probes and uprobes are) and `latency`
 //! (measuring at them: histograms, traces); `continuous` (the `run`
 //! agent) and `export` (its exporters and listener).
@@ -14,6 +15,7 @@ mod bpf_loading;
 pub mod cli;
 pub mod continuous;
 pub mod export;
+pub mod golabels;
 pub mod latency;
 pub mod probes;
 pub mod process;

@@ -6,6 +6,7 @@
 //! them.
 #![no_std]
 
+pub mod golabels;
 pub mod latency;
 pub mod offcpu;
 pub mod unwind;
@@ -77,6 +78,10 @@ pub struct Sample {
     /// blocked more than once before returning).
     pub intervals: u32,
     pub frames: [u64; MAX_SAMPLE_FRAMES],
+    /// Room for a `golabels::GoLabels` block after the last frame (the
+    /// block goes right after `frames[kernel_frames + user_frames - 1]`,
+    /// so with fewer frames it starts inside `frames`).
+    pub tail: [u8; core::mem::size_of::<golabels::GoLabels>()],
 }
 
 impl Sample {
@@ -86,6 +91,40 @@ impl Sample {
     /// Length of a record holding `frames` frames of both stacks.
     pub const fn record_len(frames: usize) -> usize {
         Self::HEADER_LEN + 8 * frames
+    }
+
+    /// Length of the record: its frames, then its Go labels when it has
+    /// them (`SAMPLE_FLAG_GO_LABELS`).
+    pub fn wire_len(&self) -> usize {
+        let frames = self.kernel_frames as usize + self.user_frames as usize;
+        let labels = match self.go_labels() {
+            Some(labels) => golabels::GoLabels::block_len(labels.count as usize),
+            None => 0,
+        };
+        Self::record_len(frames) + labels
+    }
+
+    /// The Go labels block of a record that carries one
+    /// (`SAMPLE_FLAG_GO_LABELS`), after its last frame; `count` is at most
+    /// `golabels::MAX_GO_LABELS`.
+    pub fn go_labels(&self) -> Option<&golabels::GoLabels> {
+        if self.flags & SAMPLE_FLAG_GO_LABELS == 0 {
+            return None;
+        }
+        let frames = self.kernel_frames as usize + self.user_frames as usize;
+        if frames > MAX_SAMPLE_FRAMES {
+            return None;
+        }
+        // SAFETY: the block starts 8-byte aligned (after whole frames)
+        // within the sample, `tail` leaves room for a whole block after
+        // any number of frames, and any bytes are a valid GoLabels.
+        let labels = unsafe {
+            &*(self as *const Sample)
+                .cast::<u8>()
+                .add(Self::record_len(frames))
+                .cast::<golabels::GoLabels>()
+        };
+        (labels.count as usize <= golabels::MAX_GO_LABELS).then_some(labels)
     }
 
     /// The kernel stack, leaf first.
@@ -115,6 +154,9 @@ pub const SAMPLE_FLAG_KERNEL_STACK_FAILED: u16 = 1 << 2;
 /// mapped since it last read the process's maps): the sample woke the
 /// agent at once.
 pub const SAMPLE_FLAG_UNKNOWN_MAPPING: u16 = 1 << 3;
+/// The sample caught a goroutine of a Go process: a `golabels::GoLabels`
+/// block follows the frames (`Sample::go_labels`).
+pub const SAMPLE_FLAG_GO_LABELS: u16 = 1 << 4;
 
 /// User-space registers an unwinder starts from. On x86_64 `fp` is RBP and
 /// `lr` is 0; on arm64 `fp` is X29 and `lr` is X30. `go_g` is the register
@@ -177,13 +219,19 @@ pub enum Counter {
     OffCpuLost = 15,
     /// Off-CPU: records lost to a full ring buffer.
     OffCpuRingBufferFull = 16,
+    /// Samples of a Go process that found the running goroutine (and
+    /// copied its labels).
+    GoLabelsRead = 17,
+    /// Of those, samples whose labels were cut: more than
+    /// `golabels::MAX_GO_LABELS`, or a key or value longer than kept.
+    GoLabelsCut = 18,
 }
 
 /// Number of `Counter` slots.
 pub const COUNTER_SLOTS: u32 = 32;
 
 impl Counter {
-    pub const ALL: [Counter; 17] = [
+    pub const ALL: [Counter; 19] = [
         Counter::Fired,
         Counter::Idle,
         Counter::FilteredOut,
@@ -201,6 +249,8 @@ impl Counter {
         Counter::OffCpuSent,
         Counter::OffCpuLost,
         Counter::OffCpuRingBufferFull,
+        Counter::GoLabelsRead,
+        Counter::GoLabelsCut,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -222,6 +272,8 @@ impl Counter {
             Counter::OffCpuSent => "off_cpu_sent",
             Counter::OffCpuLost => "off_cpu_lost",
             Counter::OffCpuRingBufferFull => "off_cpu_ring_buffer_full",
+            Counter::GoLabelsRead => "go_labels_read",
+            Counter::GoLabelsCut => "go_labels_cut",
         }
     }
 }
@@ -250,6 +302,8 @@ mod pod {
     unsafe impl aya::Pod for super::unwind::UnwindMapping {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::unwind::ProcessUnwind {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::golabels::GoProcess {}
     // SAFETY: as above (latency types: integers and byte arrays).
     unsafe impl aya::Pod for super::latency::LatencyConfig {}
     // SAFETY: as above.

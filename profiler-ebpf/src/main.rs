@@ -16,21 +16,25 @@
 #![feature(core_intrinsics)]
 
 mod arch;
+mod golabels;
 mod offcpu;
 mod unwind;
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns,
+        generated::bpf_probe_read_kernel as read_kernel_raw,
+    },
     macros::{map, perf_event},
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 use profiler_common::{
     COUNTER_SLOTS, Counter, MAX_PID_FILTER, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
-    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING,
-    SAMPLE_KIND_CPU, Sample,
+    SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED,
+    SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_CPU, Sample, golabels::GoLabels,
 };
 
 /// Set by the loader: non-zero means "only pids in `PID_FILTER`". A
@@ -119,6 +123,23 @@ fn record_sample(ctx: &PerfEventContext) {
             flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
         }
 
+        let frames = ((kernel_frames + user_frames) as usize).min(MAX_SAMPLE_FRAMES);
+        let mut record_len = Sample::record_len(frames);
+        // A goroutine's labels go after the last frame (the sample's
+        // `tail` leaves room for them however many frames there are).
+        if golabels::enabled()
+            && let Some((block, len)) = golabels::read(pid, &regs)
+            && len <= core::mem::size_of::<GoLabels>()
+            && read_kernel_raw(
+                sample.cast::<u8>().add(record_len).cast(),
+                len as u32,
+                block.cast(),
+            ) == 0
+        {
+            flags |= SAMPLE_FLAG_GO_LABELS;
+            record_len += len;
+        }
+
         (*sample).time_ns = bpf_ktime_get_ns();
         (*sample).pid = pid;
         (*sample).tid = tid;
@@ -134,8 +155,7 @@ fn record_sample(ctx: &PerfEventContext) {
         (*sample).task_state = 0;
         (*sample).intervals = 0;
 
-        let frames = ((kernel_frames + user_frames) as usize).min(MAX_SAMPLE_FRAMES);
-        let bytes = core::slice::from_raw_parts(sample.cast::<u8>(), Sample::record_len(frames));
+        let bytes = core::slice::from_raw_parts(sample.cast::<u8>(), record_len);
         // Waking the reader for every sample costs an irq_work and a
         // context switch per sample; the agent drains on a timer instead,
         // and is woken early only when the buffer is a quarter full.

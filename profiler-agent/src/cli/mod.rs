@@ -125,8 +125,45 @@ pub struct RecordArgs {
           requires = "off_cpu_mode")]
     pub off_cpu_period: Option<Duration>,
 
+    /// Leave out Go pprof labels. By default the labels Go programs set
+    /// with pprof.Do / SetGoroutineLabels become sample labels, as in the
+    /// program's own runtime/pprof profiles (`go tool pprof
+    /// -tagfocus=endpoint=/checkout`).
+    #[arg(long)]
+    pub no_go_labels: bool,
+
+    /// Keep only these Go label keys (comma-separated, `*` globs).
+    #[arg(
+        long,
+        value_name = "KEYS",
+        value_delimiter = ',',
+        conflicts_with = "no_go_labels"
+    )]
+    pub go_label_keys: Vec<String>,
+
+    /// Also label each Go sample with its goroutine's id (`goroutine`).
+    #[arg(long, conflicts_with = "no_go_labels")]
+    pub goroutine_labels: bool,
+
+    /// Folded stacks and SVG: put these labels' values in front of each
+    /// stack as `key=value` frames (comma-separated; e.g. a Go label
+    /// `endpoint`, or `pid`, `tid`, `thread`), so flame graphs split by
+    /// them.
+    #[arg(long, value_name = "KEYS", value_delimiter = ',')]
+    pub stack_labels: Vec<String>,
+
     #[command(flatten)]
     pub debuginfod: DebuginfodArgs,
+}
+
+impl RecordArgs {
+    /// What to do with Go labels, from the flags.
+    pub fn go_labels_config(&self) -> Option<crate::golabels::GoLabelsConfig> {
+        (!self.no_go_labels).then(|| crate::golabels::GoLabelsConfig {
+            goroutine: self.goroutine_labels,
+            keys: self.go_label_keys.clone(),
+        })
+    }
 }
 
 /// Where debug files of stripped binaries come from.

@@ -41,6 +41,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         unwind_tables: !args.frame_pointers_only,
         unwind_table_bytes: args.unwind_table_mib << 20,
         off_cpu: args.off_cpu_config(),
+        go_labels: args.go_labels_config(),
     };
     args.debuginfod.configure();
     let mut recorder = Recorder::start(&config)?;
@@ -95,7 +96,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     // Debug files asked for while sampling: wait a bounded time for the
     // ones still downloading.
     recording.symbolizer.fetch_deadline = Some(Instant::now() + args.debuginfod.debuginfod_wait);
-    let profile = build_profile(&mut recording);
+    let mut profile = build_profile(&mut recording);
+    profile.stack_labels = args.stack_labels.clone();
     let bytes = format
         .encode(&profile)
         .with_context(|| format!("encoding the {}", format.name()))?;
@@ -329,6 +331,25 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
             "  JIT: {} addresses named by the processes' perf maps (/tmp/perf-PID.map)",
             s.jit_resolved
         );
+    }
+    let g = &recording.go_label_stats;
+    if g.processes > 0 || !g.unknown.is_empty() {
+        eprintln!(
+            "  Go labels: read in {} processes (layout from DWARF for {} binaries, from the Go \
+             version for {}); {} samples caught a goroutine, {} of them with labels cut \
+             (over {} labels, or a key over {} / a value over {} bytes)",
+            g.processes,
+            g.from_dwarf,
+            g.from_versions,
+            c.go_labels_read,
+            c.go_labels_cut,
+            profiler_common::golabels::MAX_GO_LABELS,
+            profiler_common::golabels::GO_LABEL_KEY_BYTES,
+            profiler_common::golabels::GO_LABEL_VALUE_BYTES,
+        );
+        for why in &g.unknown {
+            eprintln!("  no Go labels for {why}");
+        }
     }
     let t = &recording.unwind_tables;
     if t.tables_loaded > 0 || c.frames_from_tables > 0 {

@@ -51,6 +51,50 @@ struct TableReport {
     unsupported_rows: u64,
     bad_fdes: u64,
     rules_at: Vec<RuleAt>,
+    /// Go binaries: where the runtime keeps goroutines and their pprof
+    /// labels, as the sampling program will read them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    go_runtime: Option<GoRuntime>,
+}
+
+#[derive(Serialize)]
+struct GoRuntime {
+    version: Option<String>,
+    g_m: u16,
+    g_goid: u16,
+    g_labels: u16,
+    m_curg: u16,
+    labels: &'static str,
+    tls_g_offset: Option<i64>,
+    source: &'static str,
+    /// Read from DWARF: whether the table for binaries without DWARF has
+    /// the same offsets for this version (None: no row for it).
+    version_table_agrees: Option<bool>,
+}
+
+fn go_runtime(data: &[u8]) -> Option<GoRuntime> {
+    use crate::golabels::{LabelStorage, LayoutSource};
+    let layout = crate::golabels::read_layout(data).ok()?;
+    Some(GoRuntime {
+        version: layout.version.clone(),
+        g_m: layout.offsets.g_m,
+        g_goid: layout.offsets.g_goid,
+        g_labels: layout.offsets.g_labels,
+        m_curg: layout.offsets.m_curg,
+        labels: match layout.storage {
+            LabelStorage::Map => "map",
+            LabelStorage::Slice => "sorted slice",
+        },
+        tls_g_offset: layout.tls_g_offset,
+        source: match layout.source {
+            LayoutSource::Dwarf => "DWARF",
+            LayoutSource::VersionTable => "Go version table",
+        },
+        version_table_agrees: match layout.source {
+            LayoutSource::Dwarf => crate::golabels::table_agrees(&layout),
+            LayoutSource::VersionTable => None,
+        },
+    })
 }
 
 #[derive(Serialize)]
@@ -90,6 +134,7 @@ pub fn run(args: &TablesArgs) -> anyhow::Result<()> {
             unsupported_rows: built.cfi.unsupported_rows,
             bad_fdes: built.cfi.bad_fdes,
             rules_at,
+            go_runtime: go_runtime(&data),
         });
     }
     match args.format {
@@ -112,6 +157,28 @@ pub fn run(args: &TablesArgs) -> anyhow::Result<()> {
                 );
                 for at in &r.rules_at {
                     println!("  {}: {}", at.address, at.rule);
+                }
+                if let Some(go) = &r.go_runtime {
+                    let agrees = match go.version_table_agrees {
+                        Some(true) => " (the version table agrees)",
+                        Some(false) => " (the version table DISAGREES)",
+                        None => "",
+                    };
+                    let tls = match go.tls_g_offset {
+                        Some(offset) => format!("g at TLS{offset:+}"),
+                        None => "g from its register".into(),
+                    };
+                    println!(
+                        "  Go runtime {}: g.m={} g.goid={} g.labels={} m.curg={}, labels in a {}, \
+                         {tls}; from {}{agrees}",
+                        go.version.as_deref().unwrap_or("of unknown version"),
+                        go.g_m,
+                        go.g_goid,
+                        go.g_labels,
+                        go.m_curg,
+                        go.labels,
+                        go.source,
+                    );
                 }
             }
         }

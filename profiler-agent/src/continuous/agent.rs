@@ -196,6 +196,7 @@ impl Agent {
                 period: config.off_cpu_period,
                 wall: false,
             }),
+            go_labels: config.go_labels.config(),
         };
         let recorder = Recorder::start(&sampling)?;
         let (pull_tx, pull_requests) = std::sync::mpsc::channel();

@@ -79,6 +79,7 @@ pub struct Config {
     pub otlp: OtlpConfig,
     pub kubernetes: KubernetesConfig,
     pub debuginfod: DebuginfodSection,
+    pub go_labels: GoLabelsSection,
     /// Who may use the listener (see `export::auth`).
     pub auth: crate::export::auth::AuthConfig,
     /// Probes whose latency histograms `/metrics` exports (`[[probes]]`;
@@ -202,6 +203,37 @@ impl DebuginfodSection {
     }
 }
 
+/// Go pprof labels on samples (see `golabels`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GoLabelsSection {
+    pub enabled: bool,
+    /// Keys kept (`*` globs); empty: every key.
+    pub keys: Vec<String>,
+    /// Also label samples with the goroutine id.
+    pub goroutine: bool,
+}
+
+impl Default for GoLabelsSection {
+    fn default() -> Self {
+        GoLabelsSection {
+            enabled: true,
+            keys: Vec::new(),
+            goroutine: false,
+        }
+    }
+}
+
+impl GoLabelsSection {
+    /// The sampler's setting; None when switched off.
+    pub fn config(&self) -> Option<crate::golabels::GoLabelsConfig> {
+        self.enabled.then(|| crate::golabels::GoLabelsConfig {
+            goroutine: self.goroutine,
+            keys: self.keys.clone(),
+        })
+    }
+}
+
 /// How a push exporter talks HTTP.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -244,6 +276,7 @@ impl Default for Config {
             otlp: OtlpConfig::default(),
             kubernetes: KubernetesConfig::default(),
             debuginfod: DebuginfodSection::default(),
+            go_labels: GoLabelsSection::default(),
             auth: Default::default(),
             probes: Vec::new(),
         }
@@ -712,6 +745,16 @@ mod tests {
             assert!(
                 debuginfod.contains(&format!("{key} =")),
                 "debuginfod.{key} is not documented"
+            );
+        }
+        let go_labels = text
+            .split("[go_labels]")
+            .nth(1)
+            .expect("a [go_labels] section");
+        for key in ["enabled", "keys", "goroutine"] {
+            assert!(
+                go_labels.contains(&format!("{key} =")),
+                "go_labels.{key} is not documented"
             );
         }
         for key in ["enabled", "api_url", "token_file", "ca_file", "timeout"] {

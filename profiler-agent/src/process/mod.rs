@@ -152,6 +152,11 @@ impl ProcessTable {
         self.processes.len()
     }
 
+    /// Every process captured so far.
+    pub fn iter(&self) -> impl Iterator<Item = &Process> {
+        self.processes.values()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.processes.is_empty()
     }

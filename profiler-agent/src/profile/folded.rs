@@ -10,10 +10,19 @@ use super::{Profile, Sample};
 
 /// One folded line's stack part for `sample` (without the count).
 pub fn stack_line(profile: &Profile, sample: &Sample) -> String {
-    let mut line = sample
-        .label("comm")
-        .unwrap_or("[unknown]")
-        .replace(';', ":");
+    let mut line = String::new();
+    for key in &profile.stack_labels {
+        if let Some(value) = sample.label(key) {
+            line.push_str(&format!("{key}={value}").replace(';', ":"));
+            line.push(';');
+        }
+    }
+    line.push_str(
+        &sample
+            .label("comm")
+            .unwrap_or("[unknown]")
+            .replace(';', ":"),
+    );
     for (name, kernel) in profile.stack_names(sample) {
         line.push(';');
         // ';' separates frames and ' ' the count: keep names unambiguous.

@@ -54,6 +54,9 @@ pub struct Profile {
     pub samples: Vec<Sample>,
     /// Free-form notes carried into pprof comments.
     pub comments: Vec<String>,
+    /// Labels whose values views (folded stacks, SVG) put in front of
+    /// each stack as `key=value` frames; pprof keeps every label anyway.
+    pub stack_labels: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -503,6 +503,7 @@ mod tests {
                 },
             ],
             comments: vec![],
+            stack_labels: Vec::new(),
         }
     }
 

@@ -385,6 +385,7 @@ mod tests {
                 labels: vec![("pid".into(), "42".into()), ("comm".into(), "app".into())],
             }],
             comments: vec!["note".into()],
+            stack_labels: Vec::new(),
         }
     }
 

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use profiler_common::unwind::UserStackEnd;
 use profiler_common::{SAMPLE_KIND_OFF_CPU, Sample};
 
+use crate::golabels::{GoLabelRegistry, GoLabelStats, GoLabelsConfig};
 use crate::process::ProcessTable;
 use crate::profile::{Profile, ProfileKind};
 use crate::sampling::{KernelCounters, Sampler, SamplingConfig, SamplingError};
@@ -35,6 +36,9 @@ pub struct StackKey {
     pub user: Box<[u64]>,
     /// Leaf first.
     pub kernel: Box<[u64]>,
+    /// The goroutine's pprof labels (and id, when asked for), sorted by
+    /// key; empty outside Go.
+    pub labels: Box<[(String, String)]>,
 }
 
 impl StackKey {
@@ -139,6 +143,10 @@ pub struct Recording {
     /// `UserStackEnd` (root, no table, table stop, read fault, the
     /// `MAX_USER_FRAMES` limit).
     pub user_stack_ends: UserStackEnds,
+    /// Which Go labels samples keep; None when they are not read.
+    pub go_labels: Option<GoLabelsConfig>,
+    /// What reading them took (processes, layouts); filled by `finish`.
+    pub go_label_stats: GoLabelStats,
 }
 
 /// Samples by how their user stack walk ended.
@@ -197,6 +205,8 @@ pub struct Recorder {
     sampler: Sampler,
     /// None when unwind tables are switched off.
     tables: Option<UnwindTables>,
+    /// None when Go labels are not read.
+    go_labels: Option<GoLabelRegistry>,
     recording: Recording,
     started: Instant,
     /// Processes sampled since the table loader was last told (it evicts
@@ -217,7 +227,7 @@ impl Recorder {
     pub fn start(config: &SamplingConfig) -> Result<Self, SamplingError> {
         let mut processes = ProcessTable::default();
         let symbolizer = Symbolizer::default();
-        let (sampler, tables) = Sampler::start(config, |tables| {
+        let (mut sampler, tables) = Sampler::start(config, |tables| {
             if !config.unwind_tables {
                 return;
             }
@@ -236,10 +246,26 @@ impl Recorder {
                 tables.flush();
             }
         })?;
+        let go_labels = sampler.take_go_labels();
+        if let Some(registry) = &go_labels {
+            // The --pid targets (and, system-wide, the Go processes the
+            // tables were queued for) get labels from their first samples
+            // on; others from their first sample.
+            for &pid in &config.pids {
+                processes.observe(pid, &[]);
+            }
+            for process in processes.iter() {
+                registry.register(process);
+            }
+            if !config.pids.is_empty() {
+                registry.flush();
+            }
+        }
         Ok(Recorder {
             window_started: SystemTime::now(),
             sampler,
             tables: config.unwind_tables.then_some(tables),
+            go_labels,
             recording: Recording {
                 stacks: HashMap::new(),
                 kind: ProfileWindow::kind_for(config),
@@ -254,6 +280,8 @@ impl Recorder {
                 samples: 0,
                 queue_dropped: 0,
                 user_stack_ends: UserStackEnds::default(),
+                go_labels: config.go_labels.clone(),
+                go_label_stats: GoLabelStats::default(),
             },
             started: Instant::now(),
             sampled: Default::default(),
@@ -266,6 +294,7 @@ impl Recorder {
     pub fn poll(&mut self, timeout: Duration) -> usize {
         let recording = &mut self.recording;
         let tables = &self.tables;
+        let go_labels = &self.go_labels;
         let sampled = &mut self.sampled;
         let new_pids = &mut self.new_pids;
         let seen = &mut self.seen;
@@ -275,7 +304,7 @@ impl Recorder {
             if seen.insert(sample.pid) {
                 new_pids.push(sample.pid);
             }
-            aggregate(recording, tables, sample)
+            aggregate(recording, tables, go_labels, sample)
         });
         // Debug files of new processes' stripped objects download while
         // sampling goes on.
@@ -402,6 +431,11 @@ impl Recorder {
         });
         self.seen.retain(|pid| !gone.contains(pid));
         let mapped = self.recording.processes.object_ids();
+        if let Some(registry) = &self.go_labels {
+            for &pid in &gone {
+                registry.unregister(pid);
+            }
+        }
         if let Some(tables) = &self.tables {
             for pid in gone {
                 tables.unregister(pid);
@@ -426,11 +460,19 @@ impl Recorder {
             tables.flush();
             self.recording.unwind_tables = tables.stats();
         }
+        if let Some(registry) = &self.go_labels {
+            self.recording.go_label_stats = registry.stats();
+        }
         self.recording
     }
 }
 
-fn aggregate(recording: &mut Recording, tables: &Option<UnwindTables>, sample: &Sample) {
+fn aggregate(
+    recording: &mut Recording,
+    tables: &Option<UnwindTables>,
+    go_labels: &Option<GoLabelRegistry>,
+    sample: &Sample,
+) {
     let user = sample.user_stack();
     let counts = if sample.kind == SAMPLE_KIND_OFF_CPU {
         let counts = off_cpu_counts(sample);
@@ -448,17 +490,26 @@ fn aggregate(recording: &mut Recording, tables: &Option<UnwindTables>, sample: &
         StackCounts::samples(1)
     };
     if recording.processes.observe(sample.pid, user)
-        && let Some(tables) = tables
         && let Some(process) = recording.processes.get(sample.pid)
     {
-        tables.register(process);
+        if let Some(tables) = tables {
+            tables.register(process);
+        }
+        if let Some(registry) = go_labels {
+            registry.register(process);
+        }
     }
+    let labels = match &recording.go_labels {
+        Some(config) => crate::golabels::labels_of(sample, config).into(),
+        None => Box::default(),
+    };
     let key = StackKey {
         pid: sample.pid,
         tid: sample.tid,
         thread: sample.comm,
         user: user.into(),
         kernel: sample.kernel_stack().into(),
+        labels,
     };
     *recording.stacks.entry(key).or_default() += counts;
 }

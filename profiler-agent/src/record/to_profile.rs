@@ -90,7 +90,13 @@ pub fn build_profile_of<'a>(
     // Deterministic output: visit stacks in a stable order.
     let mut stacks: Vec<_> = stacks.collect();
     stacks.sort_by(|a, b| {
-        (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel).cmp(&(b.0.pid, b.0.tid, &b.0.user, &b.0.kernel))
+        (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel, &a.0.labels).cmp(&(
+            b.0.pid,
+            b.0.tid,
+            &b.0.user,
+            &b.0.kernel,
+            &b.0.labels,
+        ))
     });
 
     // Resolve every distinct user frame in address order first: frames of
@@ -116,12 +122,20 @@ pub fn build_profile_of<'a>(
             .map(|p| p.name.clone())
             .filter(|name| !name.is_empty())
             .unwrap_or_else(|| thread.clone());
-        let labels = vec![
+        let mut labels = vec![
             ("pid".into(), key.pid.to_string()),
             ("tid".into(), key.tid.to_string()),
             ("comm".into(), comm),
             ("thread".into(), thread),
         ];
+        // A Go label never hides the agent's own (pid, comm, ...).
+        labels.extend(
+            key.labels
+                .iter()
+                .filter(|(k, _)| !labels.iter().any(|(own, _)| own == k))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
         let kernel: Vec<unwind::RawFrame> = unwind::kernel_frames(&key.kernel).collect();
         let mut user = Vec::with_capacity(key.user.len());
         for frame in unwind::frames(&key.user) {

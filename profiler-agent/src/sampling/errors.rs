@@ -54,6 +54,9 @@ pub enum SamplingError {
     #[error("starting the unwind-table thread: {0}")]
     UnwindThread(std::io::Error),
 
+    #[error("starting the Go-labels thread: {0}")]
+    GoLabelsThread(std::io::Error),
+
     #[error(
         "the embedded BPF object has no program {0} (a build problem: run `cargo xtask setup`)"
     )]

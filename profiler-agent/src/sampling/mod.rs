@@ -6,6 +6,7 @@
 //! the kernel one map lookup per sample.
 
 mod errors;
+mod golabels;
 mod offcpu;
 mod privileges;
 mod reader;
@@ -24,6 +25,7 @@ use profiler_common::{Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
 
 use self::reader::RecordReader;
 use crate::bpf_loading::raise_memlock_limit;
+use crate::golabels::GoLabelRegistry;
 use crate::unwind::{MappedArray, TableStore, UnwindArrays, UnwindTables};
 
 /// Records waiting between the ring-buffer thread and the aggregation
@@ -50,6 +52,9 @@ pub struct SamplingConfig {
     /// Also record where threads wait (off-CPU intervals); None for CPU
     /// samples only.
     pub off_cpu: Option<OffCpuConfig>,
+    /// Copy Go goroutines' pprof labels into their samples; None leaves
+    /// them out (and the program's path for them with it).
+    pub go_labels: Option<crate::golabels::GoLabelsConfig>,
 }
 
 /// Default bound on unwind-table rows: 64 MiB holds 16 M rows, the tables
@@ -76,6 +81,8 @@ pub struct KernelCounters {
     pub off_cpu_sent: u64,
     pub off_cpu_lost: u64,
     pub off_cpu_ring_buffer_full: u64,
+    pub go_labels_read: u64,
+    pub go_labels_cut: u64,
 }
 
 /// Field by field: totals carried over sampler restarts.
@@ -100,6 +107,8 @@ impl std::ops::Add for KernelCounters {
             off_cpu_sent: self.off_cpu_sent + b.off_cpu_sent,
             off_cpu_lost: self.off_cpu_lost + b.off_cpu_lost,
             off_cpu_ring_buffer_full: self.off_cpu_ring_buffer_full + b.off_cpu_ring_buffer_full,
+            go_labels_read: self.go_labels_read + b.go_labels_read,
+            go_labels_cut: self.go_labels_cut + b.go_labels_cut,
         }
     }
 }
@@ -124,6 +133,8 @@ impl KernelCounters {
             Counter::OffCpuSent => &mut self.off_cpu_sent,
             Counter::OffCpuLost => &mut self.off_cpu_lost,
             Counter::OffCpuRingBufferFull => &mut self.off_cpu_ring_buffer_full,
+            Counter::GoLabelsRead => &mut self.go_labels_read,
+            Counter::GoLabelsCut => &mut self.go_labels_cut,
         };
         *slot = value;
     }
@@ -140,6 +151,8 @@ pub struct Sampler {
     /// as a `Sample` (allocated once: a full sample is 9 KiB).
     buffer: Box<Sample>,
     cpus: Vec<u32>,
+    /// Until the recorder takes it (`take_go_labels`).
+    go_labels: Option<GoLabelRegistry>,
 }
 
 impl Sampler {
@@ -172,6 +185,7 @@ impl Sampler {
             Some(off_cpu) => Some(offcpu::Globals::new(off_cpu, cpus.len())?),
             None => None,
         };
+        let go_labels = golabels::Globals::new(config.go_labels.is_some());
         let mut loader = EbpfLoader::new();
         loader
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
@@ -179,6 +193,7 @@ impl Sampler {
         if let Some(globals) = &off_cpu {
             globals.apply(&mut loader);
         }
+        go_labels.apply(&mut loader);
         let mut ebpf = loader.load(BPF_OBJECT).map_err(SamplingError::load)?;
 
         if !config.pids.is_empty() {
@@ -206,6 +221,19 @@ impl Sampler {
                 )
                 .map_err(|e| SamplingError::Map("UNWIND_PROCESSES", e))?,
             ),
+        };
+        let go_labels = match config.go_labels {
+            Some(_) => Some(
+                GoLabelRegistry::spawn(
+                    BpfHashMap::try_from(
+                        ebpf.take_map("GO_PROCESSES")
+                            .ok_or(SamplingError::MissingMap("GO_PROCESSES"))?,
+                    )
+                    .map_err(|e| SamplingError::Map("GO_PROCESSES", e))?,
+                )
+                .map_err(SamplingError::GoLabelsThread)?,
+            ),
+            None => None,
         };
         let tables = UnwindTables::spawn(TableStore::new(
             arrays,
@@ -259,8 +287,15 @@ impl Sampler {
             ebpf: Some(ebpf),
             buffer: Box::new(zeroed_sample()),
             cpus,
+            go_labels,
         };
         Ok((sampler, tables))
+    }
+
+    /// The thread that tells the program about Go processes, when Go
+    /// labels are read (once: the caller keeps it).
+    pub fn take_go_labels(&mut self) -> Option<GoLabelRegistry> {
+        self.go_labels.take()
     }
 
     /// CPUs with an attached perf event.
@@ -347,4 +382,7 @@ fn copy_record(record: &[u8], sample: &mut Sample) -> bool {
         && sample.user_frames as usize <= profiler_common::MAX_USER_FRAMES
         && Sample::record_len(sample.kernel_frames as usize + sample.user_frames as usize)
             <= record.len()
+        && (sample.flags & profiler_common::SAMPLE_FLAG_GO_LABELS == 0
+            || sample.go_labels().is_some())
+        && sample.wire_len() <= record.len()
 }

@@ -69,7 +69,7 @@ impl TaskOffsets {
 
 /// Byte offset of member `name`, looking into anonymous structs and
 /// unions (kernels built with structure randomization nest members).
-fn member_offset(btf: &btf_rs::Btf, st: &btf_rs::Struct, name: &str) -> Option<u32> {
+pub(super) fn member_offset(btf: &btf_rs::Btf, st: &btf_rs::Struct, name: &str) -> Option<u32> {
     for member in &st.members {
         let member_name = btf.resolve_name(member).unwrap_or_default();
         if member_name == name {

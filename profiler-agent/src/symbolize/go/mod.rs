@@ -47,6 +47,12 @@ pub use table::TableFormat;
 use image::Image;
 use table::{FUNCDATA_INL_TREE, FuncRecord, PCDATA_INL_TREE_INDEX, Table};
 
+/// The Go version `file` was built with ("go1.21.13"), from its build-info
+/// blob (kept by stripped binaries too).
+pub fn version_of(file: &object::File<'_>) -> Option<String> {
+    buildinfo::go_version(file, &Image::new(file))
+}
+
 /// Guard against cyclic inline trees in corrupted data; real chains are a
 /// handful of frames deep.
 const MAX_INLINE_DEPTH: usize = 256;

@@ -1,0 +1,77 @@
+//! Loading the sampling program's Go-labels path: switched on by a
+//! read-only global, and given where the kernel keeps a task's thread
+//! pointer (the Go runtime's g lives at an offset from it on amd64).
+
+use aya::EbpfLoader;
+
+use super::offcpu::member_offset;
+
+/// Globals of the sampling program (profiler-ebpf/src/golabels.rs).
+const GLOBAL_GO_LABELS: &str = "GO_LABELS";
+const GLOBAL_TASK_THREAD_POINTER_OFFSET: &str = "TASK_THREAD_POINTER_OFFSET";
+
+/// The values the loader writes (they must outlive the loader).
+pub(super) struct Globals {
+    enabled: u8,
+    thread_pointer: u32,
+}
+
+impl Globals {
+    pub(super) fn new(enabled: bool) -> Globals {
+        let thread_pointer = if enabled {
+            match thread_pointer_offset() {
+                Ok(offset) => offset,
+                Err(why) => {
+                    // The g register still finds goroutines in Go code;
+                    // only samples in C code and system calls go unlabelled.
+                    tracing::info!("Go labels without thread-local storage: {why}");
+                    0
+                }
+            }
+        } else {
+            0
+        };
+        Globals {
+            enabled: u8::from(enabled),
+            thread_pointer,
+        }
+    }
+
+    pub(super) fn apply<'a>(&'a self, loader: &mut EbpfLoader<'a>) {
+        loader
+            .override_global(GLOBAL_GO_LABELS, &self.enabled, true)
+            .override_global(
+                GLOBAL_TASK_THREAD_POINTER_OFFSET,
+                &self.thread_pointer,
+                true,
+            );
+    }
+}
+
+/// Offset of `task_struct.thread.fsbase` (x86_64) in the running kernel,
+/// from its BTF. Other architectures: arm64 Go keeps g in TLS only in cgo
+/// programs, and at an offset the runtime chooses at start-up; the g
+/// register (X28) is used there.
+fn thread_pointer_offset() -> Result<u32, String> {
+    if !cfg!(target_arch = "x86_64") {
+        return Err("the g register is used on this architecture".into());
+    }
+    let path = "/sys/kernel/btf/vmlinux";
+    let btf = btf_rs::Btf::from_file(path).map_err(|e| format!("reading {path}: {e}"))?;
+    let find = |name: &str| {
+        btf.resolve_types_by_name(name)
+            .map_err(|e| format!("no struct {name} in {path}: {e}"))?
+            .into_iter()
+            .find_map(|t| match t {
+                btf_rs::Type::Struct(s) => Some(s),
+                _ => None,
+            })
+            .ok_or_else(|| format!("no struct {name} in {path}"))
+    };
+    let task = find("task_struct")?;
+    let thread = find("thread_struct")?;
+    let in_task = member_offset(&btf, &task, "thread").ok_or("task_struct has no `thread`")?;
+    let in_thread =
+        member_offset(&btf, &thread, "fsbase").ok_or("thread_struct has no `fsbase`")?;
+    Ok(in_task + in_thread)
+}
