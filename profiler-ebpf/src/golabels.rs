@@ -54,9 +54,10 @@ const BUCKET_KEYS: u64 = 8;
 const BUCKET_VALUES: u64 = BUCKET_KEYS + BUCKET_SLOTS * 16;
 const BUCKET_BYTES: u64 = BUCKET_VALUES + BUCKET_SLOTS * 16 + 8;
 const MIN_TOP_HASH: u8 = 5;
-/// Buckets read: maps of up to 13 labels (B = 1). Label maps are built
-/// once and never written again, so no growth is left half done below
-/// that; beyond it the labels are marked cut.
+/// Buckets read: maps of up to 13 labels (B = 1). Growing from one
+/// bucket to two finishes within the insert that starts it; larger maps
+/// may be left half grown (they are never written again), and whatever
+/// was not reached is marked cut.
 const MAX_BUCKETS: u64 = 2;
 
 /// Whether labels are read at all.
@@ -203,6 +204,11 @@ fn copy_map(labels: &mut GoLabels, pointer: u64) {
             };
             push(labels, [key[0], key[1], value[0], value[1]]);
         }
+    }
+    // Entries in overflow buckets or in the old buckets of a growth left
+    // half done (a map is never written again once built) were not read.
+    if (labels.count as u64) < count.min(MAX_GO_LABELS as u64) {
+        labels.flags |= GO_LABELS_CUT;
     }
 }
 

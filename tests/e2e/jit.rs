@@ -127,3 +127,151 @@ fn children(pid: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A JavaScript program whose time goes to one named function.
+const NODE_SCRIPT: &str = r#"
+function hotLoop(n) {
+  let x = 0;
+  for (let i = 0; i < n; i++) {
+    x = (Math.imul(x, 31) + i) | 0;
+  }
+  return x;
+}
+const end = Date.now() + Number(process.argv[2]) * 1000;
+let sink = 0;
+while (Date.now() < end) {
+  sink = (sink + hotLoop(1000000)) | 0;
+}
+console.log(sink);
+"#;
+
+/// Starts `node [FLAGS] script SECONDS` (Debian's nodejs, installed by
+/// `cargo xtask setup --tests`).
+fn start_node(dir: &Path, flags: &[&str], seconds: &str) -> Running {
+    let script = dir.join("hot.js");
+    std::fs::write(&script, NODE_SCRIPT).unwrap();
+    let node = ["/usr/bin/node", "/usr/bin/nodejs"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("Node.js missing: run `cargo xtask setup --tests` (apt install nodejs)");
+    let mut args: Vec<&str> = flags.to_vec();
+    args.push(script.to_str().unwrap());
+    args.push(seconds);
+    Running::start(Path::new(node), &args)
+}
+
+/// The stacks of `pid` over 3 s, and the agent's report.
+fn node_profile(pid: u32) -> (Vec<Stack>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("node.pb.gz");
+    let pid = pid.to_string();
+    let report = record(&[
+        "--pid",
+        &pid,
+        "--duration",
+        "3s",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    (stacks(&read_pprof(&out)), report)
+}
+
+/// Samples with a frame whose name contains `name`, and all samples.
+fn samples_naming(stacks: &[Stack], name: &str) -> (i64, i64) {
+    let total: i64 = stacks.iter().map(|s| s.count).sum();
+    let named: i64 = stacks
+        .iter()
+        .filter(|s| s.frames.iter().any(|(frame, _)| frame.contains(name)))
+        .map(|s| s.count)
+        .sum();
+    (named, total)
+}
+
+/// Node.js with `--perf-basic-prof`: its JIT-compiled function is named
+/// from the map V8 writes.
+#[test]
+fn node_functions_are_named_from_its_perf_map() {
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let node = start_node(dir.path(), &["--perf-basic-prof"], "30");
+    let map = format!("/tmp/perf-{}.map", node.pid());
+    wait_for_file(&map);
+    // Let V8 optimize the loop and name the optimized code.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let (stacks, report) = node_profile(node.pid());
+    let (named, total) = samples_naming(&stacks, "hotLoop");
+    drop(node);
+    let _ = std::fs::remove_file(&map);
+    assert!(
+        total > 100 && named * 2 > total,
+        "{named} of {total} samples of node name hotLoop\n{report}"
+    );
+}
+
+/// A perf map written by a hostile process: malformed lines, more than
+/// the agent reads, a symlink to an endless device, a FIFO nobody writes
+/// (a naive reader blocks on either forever). The profile is still
+/// written, promptly, and no line of a bad map names a frame. (Links out
+/// of a container's root: tests/e2e/security.rs.)
+#[test]
+fn a_malformed_oversized_or_linked_perf_map_is_survived() {
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    // No --perf-basic-prof: the maps below are the only ones it has.
+    let node = start_node(dir.path(), &[], "60");
+    let map = format!("/tmp/perf-{}.map", node.pid());
+    // Past start-up, into its loop.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let garbage = {
+        let mut text = String::new();
+        for i in 0..20_000u64 {
+            text.push_str(match i % 5 {
+                0 => "zz not a line\n",
+                1 => "0 0 EMPTY_RANGE\n",
+                2 => "ffffffffffffffff ffff WRAPS_AROUND\n",
+                3 => "\u{0}\u{1}\u{2} binary \u{7f}\n",
+                _ => "12 34\n",
+            });
+        }
+        text
+    };
+    for what in ["malformed", "oversized", "a symlink to /dev/zero", "a FIFO"] {
+        let _ = std::fs::remove_file(&map);
+        match what {
+            "malformed" => std::fs::write(&map, &garbage).unwrap(),
+            // Sparse: 80 MiB of NUL bytes, past the 64 MiB the agent reads.
+            "oversized" => std::fs::File::create(&map)
+                .unwrap()
+                .set_len(80 << 20)
+                .unwrap(),
+            "a FIFO" => assert!(
+                std::process::Command::new("mkfifo")
+                    .arg(&map)
+                    .status()
+                    .unwrap()
+                    .success()
+            ),
+            _ => std::os::unix::fs::symlink("/dev/zero", &map).unwrap(),
+        }
+        let started = std::time::Instant::now();
+        let (stacks, report) = node_profile(node.pid());
+        let took = started.elapsed();
+        for name in ["EMPTY_RANGE", "WRAPS_AROUND", "binary"] {
+            let (named, total) = samples_naming(&stacks, name);
+            assert!(total > 0, "{what}: no samples\n{report}");
+            assert_eq!(
+                named, 0,
+                "{what}: frames named {name} from the bad map\n{report}"
+            );
+        }
+        // A liveness bound, not a speed target: a stalled agent never
+        // finishes a 3 s profile in a minute.
+        assert!(
+            took < std::time::Duration::from_secs(60),
+            "{what}: the 3 s profile took {took:?}"
+        );
+    }
+    let _ = std::fs::remove_file(&map);
+    drop(node);
+}

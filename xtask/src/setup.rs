@@ -36,6 +36,8 @@ const BPF_LINKER_BUILD_PACKAGES: &[&str] = &[
 /// Debian packages the tests use: C fixtures (gcc, binutils' nm and
 /// addr2line), `go tool pprof` (golang-go), the arm64 cross linker.
 const TEST_PACKAGES: &[&str] = &[
+    // Node.js with --perf-basic-prof: JIT frames named from its perf map.
+    "nodejs",
     "gcc",
     "g++",
     "binutils",
