@@ -280,3 +280,71 @@ fn folded_stacks_split_by_labels() {
         "no /checkout stack through main.heavy:\n{text}"
     );
 }
+
+/// The continuous agent's windows carry the labels its `[go_labels]`
+/// section keeps: the allowed key, the goroutine id asked for, and not the
+/// key left out.
+#[test]
+fn continuous_windows_keep_the_allowed_labels() {
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = build("1.27.3", true, dir.path());
+    let own = dir.path().join("own.pprof");
+    let fixture = Running::start(&binary, &["labels", "30", own.to_str().unwrap()]);
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        "[go_labels]\nenabled = true\nkeys = [\"endpoint\"]\ngoroutine = true\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut agent = AgentRun::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--pids",
+        &fixture.pid().to_string(),
+        "--listen",
+        &listen,
+        "--window",
+        "2s",
+        "--directory-path",
+        out.to_str().unwrap(),
+    ]);
+    agent.wait_ready(port);
+    let files = wait_for(std::time::Duration::from_secs(30), || {
+        let files: Vec<PathBuf> = std::fs::read_dir(&out)
+            .ok()?
+            .filter_map(|e| Some(e.ok()?.path()))
+            .filter(|p| p.to_string_lossy().ends_with(".pb.gz"))
+            .collect();
+        (files.len() >= 2).then_some(files)
+    })
+    .unwrap_or_else(|| panic!("no windows written:\n{}", agent.log()));
+    agent.terminate(std::time::Duration::from_secs(30));
+    let mut endpoints: HashMap<String, u64> = HashMap::new();
+    for file in &files {
+        for (count, labels) in raw_samples(file) {
+            assert!(
+                !labels.contains_key("tier"),
+                "a key not allowed: {labels:?}"
+            );
+            assert!(!labels.contains_key("k1"), "a key not allowed: {labels:?}");
+            if let Some(endpoint) = labels.get("endpoint") {
+                assert_eq!(
+                    labels.get("goroutine").map(String::as_str),
+                    Some("1"),
+                    "{labels:?}"
+                );
+                *endpoints.entry(endpoint.clone()).or_default() += count;
+            }
+        }
+    }
+    for endpoint in ["/checkout", "/search"] {
+        assert!(
+            endpoints.get(endpoint).copied().unwrap_or(0) > 0,
+            "no {endpoint} samples in the windows: {endpoints:?}"
+        );
+    }
+}
