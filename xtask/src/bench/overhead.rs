@@ -94,7 +94,7 @@ fn one_condition(
     results: &mut Overhead,
 ) -> anyhow::Result<()> {
     let running = tool.start(env, plan.hz, &format!("overhead-{rep}"))?;
-    for workload in Workload::ALL {
+    for &workload in tool.workloads() {
         let start = running.snapshot()?;
         let rate = workload.run(env, plan.window.as_secs_f64())?;
         let end = running.snapshot()?;

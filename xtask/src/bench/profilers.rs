@@ -25,16 +25,19 @@ pub enum Tool {
     Agent,
     /// The agent walking frame pointers only (no unwind tables).
     AgentFramePointers,
+    /// The agent without reading Go labels (the cost of reading them).
+    AgentNoGoLabels,
     Perf,
     Bpftrace,
     Bcc,
 }
 
 impl Tool {
-    pub const ALL: [Tool; 6] = [
+    pub const ALL: [Tool; 7] = [
         Tool::None,
         Tool::Agent,
         Tool::AgentFramePointers,
+        Tool::AgentNoGoLabels,
         Tool::Perf,
         Tool::Bpftrace,
         Tool::Bcc,
@@ -45,6 +48,7 @@ impl Tool {
             Tool::None => "no profiler",
             Tool::Agent => "profiler-agent",
             Tool::AgentFramePointers => "profiler-agent --frame-pointers-only",
+            Tool::AgentNoGoLabels => "profiler-agent --no-go-labels",
             Tool::Perf => "perf record",
             Tool::Bpftrace => "bpftrace",
             Tool::Bcc => "bcc profile",
@@ -59,16 +63,33 @@ impl Tool {
             Tool::AgentFramePointers => format!(
                 "profiler-agent -F {hz} --frame-pointers-only --duration 30m --output agent.pb.gz"
             ),
+            Tool::AgentNoGoLabels => format!(
+                "profiler-agent -F {hz} --no-go-labels --duration 30m --output agent.pb.gz"
+            ),
             Tool::Perf => format!("perf record -F {hz} -g -a -o perf.data"),
             Tool::Bpftrace => format!("bpftrace -e '{}'", bpftrace_program(hz)),
             Tool::Bcc => format!("profile-bpfcc -F {hz} -f"),
         }
     }
 
+    /// The workloads the overhead runs measure under this tool: every one,
+    /// except for the label-less agent, which only differs on Go.
+    pub fn workloads(self) -> &'static [super::workloads::Workload] {
+        use super::workloads::Workload;
+        match self {
+            Tool::AgentNoGoLabels => &[Workload::GoService],
+            _ => &Workload::ALL,
+        }
+    }
+
     pub fn loads_bpf(self) -> bool {
         matches!(
             self,
-            Tool::Agent | Tool::AgentFramePointers | Tool::Bpftrace | Tool::Bcc
+            Tool::Agent
+                | Tool::AgentFramePointers
+                | Tool::AgentNoGoLabels
+                | Tool::Bpftrace
+                | Tool::Bcc
         )
     }
 
@@ -103,6 +124,10 @@ impl Tool {
             Tool::AgentFramePointers => {
                 let output = env.out.join(format!("agent-fp-{label}.pb.gz"));
                 return start_agent(env, hz, &output, &log, pid, &["--frame-pointers-only"]);
+            }
+            Tool::AgentNoGoLabels => {
+                let output = env.out.join(format!("agent-nolabels-{label}.pb.gz"));
+                return start_agent(env, hz, &output, &log, pid, &["--no-go-labels"]);
             }
             Tool::Perf => {
                 let output = env.out.join(format!("perf-{label}.data"));
@@ -157,6 +182,7 @@ impl Tool {
             Tool::None => "none",
             Tool::Agent => "agent",
             Tool::AgentFramePointers => "agent-fp",
+            Tool::AgentNoGoLabels => "agent-nolabels",
             Tool::Perf => "perf",
             Tool::Bpftrace => "bpftrace",
             Tool::Bcc => "bcc",

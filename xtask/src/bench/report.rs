@@ -343,11 +343,14 @@ fn unwinding_section(md: &mut String, plan: &Plan, r: &Results) {
          alternation). The agent walks `.eh_frame`/pclntab tables; with \
          `--frame-pointers-only`, bpftrace and bcc walk frame pointers and cut stacks of code \
          without them at the leaf (measured here: 0 % of the no-frame-pointer workload's \
-         stacks reach `main` that way, 100 % with tables; see tests/e2e/native_unwind.rs).\n"
+         stacks reach `main` that way, 100 % with tables; see tests/e2e/native_unwind.rs). \
+         The Go service runs its requests under pprof labels: `--no-go-labels` shows what \
+         reading the running goroutine's labels adds to each Go sample.\n"
     );
     let tools = [
         Tool::Agent,
         Tool::AgentFramePointers,
+        Tool::AgentNoGoLabels,
         Tool::Bpftrace,
         Tool::Bcc,
     ];
