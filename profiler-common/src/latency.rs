@@ -158,7 +158,10 @@ pub struct LatencyConfig {
     pub filter_slot: u8,
     pub filter_op: u8,
     pub filter_signed: u8,
-    pub _pad: [u8; 3],
+    /// 1: walk the user stack at each start (or counted hit) and total the
+    /// operations per stack (`STACK_TOTALS`).
+    pub stacks: u8,
+    pub _pad: [u8; 2],
     pub filter_value: i64,
     /// Traced hits per second on one CPU sent to user space at most; more
     /// are counted as `TraceRateLimited`.
@@ -166,6 +169,8 @@ pub struct LatencyConfig {
     /// Start/end pairs: only operations at least this long are sent (more
     /// are counted as `TraceFilteredOut`).
     pub trace_min_ns: u64,
+    /// Stacks: only operations at least this long are totalled per stack.
+    pub stack_min_ns: u64,
 }
 
 impl LatencyConfig {
@@ -183,10 +188,12 @@ impl LatencyConfig {
         filter_slot: TRACE_NO_SLOT,
         filter_op: FILTER_NONE,
         filter_signed: 0,
-        _pad: [0; 3],
+        stacks: 0,
+        _pad: [0; 2],
         filter_value: 0,
         trace_max_per_second: 0,
         trace_min_ns: 0,
+        stack_min_ns: 0,
     };
 }
 
@@ -236,6 +243,46 @@ pub struct StartKey {
 pub struct StartValue {
     pub time_ns: u64,
     pub key: HistKey,
+    /// The start's stack (`StackId::hash`), 0 when stacks are off or the
+    /// walk found nothing.
+    pub stack: u64,
+}
+
+/// User frames kept per probe stack (deeper stacks keep their leaf end,
+/// counted as `StackCut`).
+pub const MAX_PROBE_STACK_FRAMES: usize = 128;
+
+/// Distinct (process, stack) pairs kept; more are counted as
+/// `StacksFull` and their operations left out of the stacks profile.
+pub const MAX_PROBE_STACKS: u32 = 16384;
+
+/// A stack of one process: a hash of its frames.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StackId {
+    pub tgid: u32,
+    pub _pad: u32,
+    pub hash: u64,
+}
+
+/// The frames of a stack, leaf first (`profiler_common::unwind`'s frame
+/// encoding: `FRAME_EXACT_PC` marks an exact PC).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProbeStack {
+    pub len: u32,
+    /// `unwind::UserStackEnd` as a number.
+    pub end: u32,
+    pub frames: [u64; MAX_PROBE_STACK_FRAMES],
+}
+
+/// Operations that began at one stack: how many, and their total latency
+/// in nanoseconds (0 for counted hits). Per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StackTotals {
+    pub count: u64,
+    pub sum_ns: u64,
 }
 
 /// Indices into the per-CPU `LATENCY_COUNTERS` array.
@@ -273,13 +320,17 @@ pub enum LatencyCounter {
     TraceRateLimited = 12,
     /// `trace`: hits the ring buffer had no room for.
     TraceRingFull = 13,
+    /// Stacks: a new stack did not fit in the stack maps.
+    StacksFull = 14,
+    /// Stacks: a walk was cut (a read failed, or deeper than kept).
+    StackCut = 15,
 }
 
 /// Slots of the counter array.
 pub const LATENCY_COUNTER_SLOTS: u32 = 16;
 
 impl LatencyCounter {
-    pub const ALL: [LatencyCounter; 14] = [
+    pub const ALL: [LatencyCounter; 16] = [
         LatencyCounter::Starts,
         LatencyCounter::Ends,
         LatencyCounter::Counts,
@@ -294,6 +345,8 @@ impl LatencyCounter {
         LatencyCounter::TraceFilteredOut,
         LatencyCounter::TraceRateLimited,
         LatencyCounter::TraceRingFull,
+        LatencyCounter::StacksFull,
+        LatencyCounter::StackCut,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -312,6 +365,8 @@ impl LatencyCounter {
             LatencyCounter::TraceFilteredOut => "left out by the filter",
             LatencyCounter::TraceRateLimited => "dropped over the rate limit",
             LatencyCounter::TraceRingFull => "dropped (ring buffer full)",
+            LatencyCounter::StacksFull => "stacks left out (stack map full)",
+            LatencyCounter::StackCut => "stacks cut",
         }
     }
 }

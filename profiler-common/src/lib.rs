@@ -314,4 +314,10 @@ mod pod {
     unsafe impl aya::Pod for super::latency::HistKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::latency::HistValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::latency::StackId {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::latency::ProbeStack {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::latency::StackTotals {}
 }

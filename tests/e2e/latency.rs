@@ -967,3 +967,114 @@ fn trace_of_start_end_pairs_prints_the_slow_operations_with_their_latency() {
         done.stderr
     );
 }
+
+/// Per call site of `work` in a `--stacks` profile: (operations, total
+/// latency ns), and whether every stack reached `main`.
+fn call_sites(profile: &proto::Profile) -> (BTreeMap<String, (i64, i64)>, bool) {
+    let name = |i: i64| profile.string_table[i as usize].clone();
+    let types: Vec<(String, String)> = profile
+        .sample_type
+        .iter()
+        .map(|t| (name(t.r#type), name(t.unit)))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            ("count".to_string(), "count".to_string()),
+            ("latency".to_string(), "nanoseconds".to_string())
+        ],
+        "sample types"
+    );
+    let functions: std::collections::HashMap<u64, String> = profile
+        .function
+        .iter()
+        .map(|f| (f.id, name(f.name)))
+        .collect();
+    let locations: std::collections::HashMap<u64, &proto::Location> =
+        profile.location.iter().map(|l| (l.id, l)).collect();
+    let mut sites = BTreeMap::new();
+    let mut all_reach_main = true;
+    for sample in &profile.sample {
+        let frames: Vec<&str> = sample
+            .location_id
+            .iter()
+            .flat_map(|id| locations[id].line.iter())
+            .map(|line| functions[&line.function_id].as_str())
+            .collect();
+        assert_eq!(frames.first(), Some(&"work"), "{frames:?}");
+        all_reach_main &= frames.contains(&"main");
+        let site = frames.get(1).copied().unwrap_or("?").to_string();
+        let entry = sites.entry(site).or_insert((0, 0));
+        entry.0 += sample.value[0];
+        entry.1 += sample.value[1];
+    }
+    (sites, all_reach_main)
+}
+
+/// `--stacks`: the operations of `work` are attributed to the call site
+/// they came from (through code without frame pointers), counts exact and
+/// latencies within 10% of the fixture's own measurement of each site;
+/// `--min-latency` keeps only the slow site's.
+#[test]
+fn stacks_at_probe_hits_split_operations_by_call_site() {
+    let _serial = serial();
+    let fixture = build_c_fixture("callsites", &["-O2", "-g", "-fomit-frame-pointer"]);
+    let path = fixture.to_str().unwrap();
+    const ROUNDS: &str = "25";
+    for min_latency in [None, Some("4ms")] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("stacks.pb.gz");
+        let mut target = Gated::start(&fixture, &[ROUNDS]);
+        let pid = target.pid().to_string();
+        let mut args = vec!["latency", "--pid", &pid, "--stacks", out.to_str().unwrap()];
+        if let Some(min) = min_latency {
+            args.extend(["--min-latency", min]);
+        }
+        let spec = format!("uprobe:{path}:work");
+        args.push(&spec);
+        let agent = start_agent(&args);
+        let own: Vec<i64> = target
+            .run_to_gate()
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect();
+        let done = agent.interrupt();
+        assert!(target.finish().success());
+        assert!(done.status.success(), "{done:?}");
+        let [checkout_calls, checkout_ns, search_calls, search_ns] = own[..] else {
+            panic!("the fixture printed {own:?}");
+        };
+        let (sites, all_reach_main) = call_sites(&read_pprof(&out));
+        assert!(
+            all_reach_main,
+            "a stack did not reach main: {sites:?}\n{}",
+            done.stderr
+        );
+        let expected: Vec<(&str, i64, i64)> = match min_latency {
+            None => vec![
+                ("checkout", checkout_calls, checkout_ns),
+                ("search", search_calls, search_ns),
+            ],
+            Some(_) => vec![("search", search_calls, search_ns)],
+        };
+        assert_eq!(
+            sites.keys().collect::<Vec<_>>(),
+            expected
+                .iter()
+                .map(|e| e.0)
+                .collect::<Vec<_>>()
+                .iter()
+                .collect::<Vec<_>>(),
+            "call sites (min latency {min_latency:?}): {sites:?}"
+        );
+        for (site, calls, ns) in expected {
+            let (ours_calls, ours_ns) = sites[site];
+            assert_eq!(ours_calls, calls, "{site}: operations");
+            let ratio = ours_ns as f64 / ns as f64;
+            assert!(
+                (0.9..=1.1).contains(&ratio),
+                "{site}: {ours_ns} ns in the profile, {ns} ns measured by the fixture"
+            );
+        }
+    }
+}

@@ -21,7 +21,8 @@ use crate::probes::spec::ProbeSpec;
 #[command(after_help = "Examples:\n  \
     profiler-agent latency usdt:./app:demo:op__start usdt:./app:demo:op__done --unit us\n  \
     profiler-agent latency uprobe:/usr/bin/python3.11:PyObject_GC_Collect\n  \
-    profiler-agent latency --count usdt:/usr/bin/python3.11:python:gc__start --by arg0 --pid 1234")]
+    profiler-agent latency --count usdt:/usr/bin/python3.11:python:gc__start --by arg0 --pid 1234\n  \
+    profiler-agent latency uprobe:./server:handle_request --stacks slow.svg --min-latency 10ms")]
 pub struct LatencyArgs {
     /// START END probe specs, or one uprobe:PATH:FUNCTION (entry to return),
     /// or with --count one probe. Specs: usdt:PATH:PROVIDER:NAME,
@@ -68,6 +69,19 @@ pub struct LatencyArgs {
     /// the default keeps them near 1% of a CPU); 0: no limit.
     #[arg(long, value_name = "HITS", default_value_t = crate::latency::breaker::DEFAULT_BUDGET)]
     budget: u64,
+
+    /// Also write where operations begin, as a profile (the format follows
+    /// the extension: .pb.gz, .folded, .svg): the user stack at each start
+    /// (with --count, each hit), walked as a CPU sample's is, each
+    /// operation weighted by its latency (sample types count and
+    /// latency/nanoseconds).
+    #[arg(long, value_name = "FILE", value_parser = super::output_path)]
+    stacks: Option<std::path::PathBuf>,
+
+    /// With --stacks: only operations at least this long (e.g. 10ms).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
+          requires = "stacks")]
+    min_latency: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -99,6 +113,23 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
         layout: args.linear.unwrap_or(Layout::Log2),
         key: args.by.unwrap_or_default(),
         trace: Default::default(),
+        stacks: args.stacks.as_ref().map(|_| {
+            args.min_latency
+                .map_or(0, |d| d.as_nanos().min(u64::MAX as u128) as u64)
+        }),
+    };
+    let stacks_format = match &args.stacks {
+        Some(path) => {
+            let format = crate::profile::Format::from_path(path).with_context(|| {
+                format!(
+                    "--stacks {}: name the file .pb.gz, .folded or .svg",
+                    path.display()
+                )
+            })?;
+            super::record::check_output_writable(path)?;
+            Some((path, format))
+        }
+        None => None,
     };
     let plan = plan(&options)?;
 
@@ -122,6 +153,9 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
         let now = Instant::now();
         if args.duration.is_some_and(|d| now >= started + d) {
             break;
+        }
+        if let Some(stacks) = session.stacks_mut() {
+            stacks.refresh();
         }
         if let Some(trip) = breaker.check(now, &session.hits_per_cpu()) {
             tripped = Some(trip);
@@ -149,6 +183,20 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
     stdout.write_all(report(&plan, &total, args.format)?.as_bytes())?;
     stdout.flush()?;
     eprintln!("{}", counters_line(&total));
+    if let (Some((path, format)), Some(stacks)) = (stacks_format, session.stacks_mut()) {
+        let profile = stacks.profile();
+        let bytes = format
+            .encode(&profile)
+            .with_context(|| format!("encoding the {}", format.name()))?;
+        super::record::write_output(path, &bytes)?;
+        eprintln!(
+            "wrote {} ({}): {} operations from {} stacks",
+            path.display(),
+            format.name(),
+            profile.total_samples(),
+            profile.samples.len()
+        );
+    }
     if let Some(trip) = tripped {
         bail!(
             "detached after {:.1}s by the circuit breaker: {trip}; the histogram above covers \

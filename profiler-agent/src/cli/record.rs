@@ -205,7 +205,7 @@ pub(crate) fn user_stack_summary(ends: &crate::record::UserStackEnds) -> String 
 /// into an unwritable path would otherwise be lost at its end, after the
 /// samples were taken. Creates the directory, and opens the file (without
 /// truncating it) or a scratch file beside it.
-fn check_output_writable(path: &Path) -> anyhow::Result<()> {
+pub(super) fn check_output_writable(path: &Path) -> anyhow::Result<()> {
     let cannot = |e: std::io::Error| {
         anyhow::anyhow!(
             "cannot write the profile to {}: {e}; choose another --output",
@@ -230,7 +230,7 @@ fn check_output_writable(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+pub(super) fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -242,7 +242,8 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
     let symbolizer = &recording.symbolizer;
     let s = &symbolizer.stats;
     let off_cpu = match recording.kind {
-        ProfileKind::Cpu => String::new(),
+        // A recording is never of probe hits (see `latency --stacks`).
+        ProfileKind::Cpu | ProfileKind::Latency => String::new(),
         ProfileKind::OffCpu | ProfileKind::Wall => format!(
             " and {:.3}s off-CPU",
             profile.total_off_cpu_ns() as f64 / 1e9

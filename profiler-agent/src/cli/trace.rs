@@ -196,6 +196,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         layout: Layout::Log2,
         key: KeyBy::None,
         trace,
+        stacks: None,
     };
     let plan = plan(&options)?;
 

@@ -119,6 +119,7 @@ impl ProbeConfig {
             } else {
                 KeyBy::parse(&self.by).map_err(invalid)?
             },
+            stacks: None,
             trace: Default::default(),
         })
     }

@@ -17,6 +17,7 @@ pub mod histogram;
 pub mod plan;
 pub mod render;
 pub mod session;
+pub mod stacks;
 
 pub use plan::{
     KeyBy, LatencyOptions, Measure, Plan, PlanError, Role, TraceFilter, TraceOptions, plan,

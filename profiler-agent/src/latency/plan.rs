@@ -171,6 +171,10 @@ pub struct LatencyOptions {
     pub key: KeyBy,
     /// `Measure::Trace` only.
     pub trace: TraceOptions,
+    /// Walk the user stack at each start (or counted hit) and total the
+    /// operations per stack, those at least this many nanoseconds long;
+    /// None: no stacks.
+    pub stacks: Option<u64>,
 }
 
 /// The program a site runs.
@@ -382,10 +386,12 @@ pub fn plan(options: &LatencyOptions) -> Result<Plan, PlanError> {
         filter_signed: u8::from(options.trace.filter.is_some_and(|f| {
             f.value < 0 || builder.trace_signed.get(f.slot).copied().unwrap_or(false)
         })),
-        _pad: [0; 3],
+        stacks: u8::from(options.stacks.is_some()),
+        _pad: [0; 2],
         filter_value: options.trace.filter.map_or(0, |f| f.value),
         trace_max_per_second: options.trace.max_per_second,
         trace_min_ns: options.trace.min_latency_ns,
+        stack_min_ns: options.stacks.unwrap_or(0),
     };
     Ok(Plan {
         key_signed: builder.key_signed,

@@ -19,6 +19,18 @@ use super::plan::{Plan, Role};
 use crate::bpf_loading::{error_chain, raise_memlock_limit};
 use crate::probes::attach::{AttachError, AttachedUprobe, UprobePmu, attach_uprobe};
 
+/// The stack walker's arrays and the stack maps: sized down to one
+/// element when no stacks are taken.
+const STACK_MAPS: [&str; 7] = [
+    "UNWIND_ROWS",
+    "UNWIND_PAGES",
+    "UNWIND_RULES",
+    "UNWIND_MAPPINGS",
+    "UNWIND_PROCESSES",
+    "STACKS",
+    "STACK_TOTALS",
+];
+
 /// The compiled latency BPF object, built by this crate's build script.
 static BPF_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/latency"));
 
@@ -162,6 +174,8 @@ pub struct Session {
     // Field order is drop order: uprobes (links, perf events) first, so no
     // probe fires into a half-torn-down object; the maps are ours.
     attached: Vec<AttachedUprobe>,
+    /// `--stacks`: the walker's tables and the stacks totalled.
+    stacks: Option<super::stacks::ProbeStacks>,
     /// `trace`: the records of traced hits.
     trace: Option<RingBuf<MapData>>,
     histograms: PerCpuHashMap<MapData, HistKey, HistValue>,
@@ -203,6 +217,18 @@ impl Session {
         if !plan.trace_pairs {
             loader.map_max_entries("TRACE_STARTS", 1);
         }
+        let row_blocks = (super::stacks::PROBE_UNWIND_TABLE_BYTES
+            / (profiler_common::unwind::UNWIND_ROWS_PER_BLOCK as u64 * 4))
+            as u32;
+        if plan.config.stacks == 0 {
+            // The walker's arrays are allocated when the object loads:
+            // without stacks, one element each.
+            for name in STACK_MAPS {
+                loader.map_max_entries(name, 1);
+            }
+        } else {
+            loader.map_max_entries("UNWIND_ROWS", row_blocks);
+        }
         let mut ebpf = loader
             .load(BPF_OBJECT)
             .map_err(|e| SessionError::Load(error_chain(&e)))?;
@@ -232,6 +258,12 @@ impl Session {
                     reason: error_chain(&e),
                 })?;
         }
+        // Before attaching: the first starts already walk with tables.
+        let stacks = if plan.config.stacks != 0 {
+            Some(super::stacks::ProbeStacks::take(&mut ebpf, plan)?)
+        } else {
+            None
+        };
         let attached = attach_sites(&mut ebpf, plan, &pmu)?;
 
         let histograms = PerCpuHashMap::try_from(
@@ -257,6 +289,7 @@ impl Session {
         };
         Ok(Session {
             attached,
+            stacks,
             trace,
             histograms,
             counters,
@@ -264,6 +297,11 @@ impl Session {
             plan: plan.clone(),
             pmu,
         })
+    }
+
+    /// The stacks side, with `--stacks`.
+    pub fn stacks_mut(&mut self) -> Option<&mut super::stacks::ProbeStacks> {
+        self.stacks.as_mut()
     }
 
     /// Attaches every site again after `detach` (the maps kept counting

@@ -18,6 +18,10 @@ pub fn encode(profile: &Profile) -> std::io::Result<Vec<u8>> {
         ProfileKind::Wall => {
             options.title = "Wall-clock time (on-CPU and off-CPU)".to_string();
         }
+        ProfileKind::Latency => {
+            options.title = "Latency by where operations began".to_string();
+            options.colors = Palette::Basic(BasicPalette::Io);
+        }
     }
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options, text.lines(), &mut svg)

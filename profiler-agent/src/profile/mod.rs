@@ -26,6 +26,9 @@ pub enum ProfileKind {
     /// One wall-clock time per sample: CPU samples converted to time
     /// (`count` × `period_ns`) plus off-CPU time.
     Wall,
+    /// Operations at probe hits (`latency --stacks`): `count` operations
+    /// began at the stack, and `off_cpu_ns` holds their total latency.
+    Latency,
 }
 
 impl ProfileKind {
@@ -35,6 +38,7 @@ impl ProfileKind {
             ProfileKind::Cpu => "samples",
             ProfileKind::OffCpu => "microseconds off-CPU",
             ProfileKind::Wall => "microseconds of wall-clock time",
+            ProfileKind::Latency => "microseconds of latency",
         }
     }
 }
@@ -140,7 +144,7 @@ impl Profile {
     pub fn view_value(&self, sample: &Sample) -> u64 {
         match self.kind {
             ProfileKind::Cpu => sample.count,
-            ProfileKind::OffCpu => sample.off_cpu_ns,
+            ProfileKind::OffCpu | ProfileKind::Latency => sample.off_cpu_ns,
             ProfileKind::Wall => self.wall_ns(sample),
         }
     }
@@ -150,7 +154,7 @@ impl Profile {
     pub fn view_units(&self, total: u64) -> u64 {
         match self.kind {
             ProfileKind::Cpu => total,
-            ProfileKind::OffCpu | ProfileKind::Wall => (total + 500) / 1000,
+            ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::Latency => (total + 500) / 1000,
         }
     }
 

@@ -41,6 +41,9 @@ impl Values {
             ProfileKind::Cpu => &[Values::Cpu],
             ProfileKind::OffCpu => &[Values::Cpu, Values::OffCpu],
             ProfileKind::Wall => &[Values::Wall],
+            // Probe-hit stacks are written to files only (`latency
+            // --stacks`); their count and nanoseconds map onto these.
+            ProfileKind::Latency => &[Values::Cpu, Values::OffCpu],
         }
     }
 

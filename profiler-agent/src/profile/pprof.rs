@@ -173,7 +173,13 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
         r#type: strings.get(t),
         unit: strings.get(u),
     };
-    let mut sample_type = vec![value_type(&mut strings, "samples", "count")];
+    // Operations at probe hits are counted, not sampled.
+    let counted = if profile.kind == ProfileKind::Latency {
+        "count"
+    } else {
+        "samples"
+    };
+    let mut sample_type = vec![value_type(&mut strings, counted, "count")];
     let mut default_sample_type = 0;
     let period_type = match profile.kind {
         ProfileKind::Cpu => {
@@ -191,6 +197,11 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
             default_sample_type = strings.get("wall");
             value_type(&mut strings, "wall", "nanoseconds")
         }
+        ProfileKind::Latency => {
+            sample_type.push(value_type(&mut strings, "latency", "nanoseconds"));
+            default_sample_type = strings.get("latency");
+            value_type(&mut strings, "latency", "nanoseconds")
+        }
     };
     let period_type = Some(period_type);
     let values = |s: &super::Sample| {
@@ -199,6 +210,7 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
             ProfileKind::Cpu => vec![s.count as i64, cpu],
             ProfileKind::OffCpu => vec![s.count as i64, cpu, s.off_cpu_ns as i64],
             ProfileKind::Wall => vec![s.count as i64, profile.wall_ns(s) as i64],
+            ProfileKind::Latency => vec![s.count as i64, s.off_cpu_ns as i64],
         }
     };
 

@@ -148,6 +148,17 @@ pub fn build_profile_of<'a>(
                 frame,
             ));
         }
+        if window.kind == ProfileKind::Latency {
+            // Operations at probe hits: their count and total latency.
+            let locations = locations_of(&mut builder, symbolizer, &kernel, &user);
+            builder.sample(Sample {
+                locations,
+                count: counts.samples,
+                off_cpu_ns: counts.blocked_ns,
+                labels,
+            });
+            continue;
+        }
         if counts.samples > 0 {
             let locations = locations_of(&mut builder, symbolizer, &kernel, &user);
             builder.sample(Sample {

@@ -26,7 +26,7 @@ use profiler_common::{Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
 use self::reader::RecordReader;
 use crate::bpf_loading::raise_memlock_limit;
 use crate::golabels::GoLabelRegistry;
-use crate::unwind::{MappedArray, TableStore, UnwindArrays, UnwindTables};
+use crate::unwind::{TableStore, UnwindArrays, UnwindTables};
 
 /// Records waiting between the ring-buffer thread and the aggregation
 /// above this many bytes are dropped oldest first (see `reader`): at
@@ -209,19 +209,7 @@ impl Sampler {
             }
         }
 
-        let arrays = UnwindArrays {
-            rows: MappedArray::take(&mut ebpf, "UNWIND_ROWS")?,
-            pages: MappedArray::take(&mut ebpf, "UNWIND_PAGES")?,
-            rules: MappedArray::take(&mut ebpf, "UNWIND_RULES")?,
-            mappings: MappedArray::take(&mut ebpf, "UNWIND_MAPPINGS")?,
-            processes: Box::new(
-                BpfHashMap::<_, u32, profiler_common::unwind::ProcessUnwind>::try_from(
-                    ebpf.take_map("UNWIND_PROCESSES")
-                        .ok_or(SamplingError::MissingMap("UNWIND_PROCESSES"))?,
-                )
-                .map_err(|e| SamplingError::Map("UNWIND_PROCESSES", e))?,
-            ),
-        };
+        let arrays = UnwindArrays::take(&mut ebpf)?;
         let go_labels = match config.go_labels {
             Some(_) => Some(
                 GoLabelRegistry::spawn(

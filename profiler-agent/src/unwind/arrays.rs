@@ -34,6 +34,8 @@ pub enum ArrayError {
     Missing(&'static str),
     #[error("map {0} is not an array")]
     NotAnArray(&'static str),
+    #[error("map {0} is not a hash map of the expected key and value")]
+    NotAHashMap(&'static str),
     #[error(
         "map {name} has {found}-byte elements, the agent expects {expected} \
          (the BPF object and the agent were built from different sources)"

@@ -155,6 +155,23 @@ pub struct UnwindArrays {
 }
 
 impl UnwindArrays {
+    /// The walker's arrays of a loaded BPF object (the sampling object,
+    /// or the latency object walking stacks at probe hits).
+    pub fn take(ebpf: &mut aya::Ebpf) -> Result<Self, super::ArrayError> {
+        let processes = ebpf
+            .take_map("UNWIND_PROCESSES")
+            .ok_or(super::ArrayError::Missing("UNWIND_PROCESSES"))?;
+        let processes = BpfHashMap::<_, u32, ProcessUnwind>::try_from(processes)
+            .map_err(|_| super::ArrayError::NotAHashMap("UNWIND_PROCESSES"))?;
+        Ok(UnwindArrays {
+            rows: MappedArray::take(ebpf, "UNWIND_ROWS")?,
+            pages: MappedArray::take(ebpf, "UNWIND_PAGES")?,
+            rules: MappedArray::take(ebpf, "UNWIND_RULES")?,
+            mappings: MappedArray::take(ebpf, "UNWIND_MAPPINGS")?,
+            processes: Box::new(processes),
+        })
+    }
+
     /// Arrays in this process's memory, with room for `rows` rows (tests,
     /// and measuring tables without loading them into a kernel).
     pub fn in_memory(rows: u32) -> std::io::Result<Self> {

@@ -17,6 +17,12 @@
 //!   the start of an operation and sent at its end with its latency, when
 //!   it took at least `trace_min_ns`.
 //!
+//! - With stacks on (`latency --stacks`), each start (or counted hit) also
+//!   walks the user stack with the sampling program's walker and unwind
+//!   tables (`unwind`, shared source; the tables are this object's own,
+//!   loaded by user space for the probed processes) and each end adds the
+//!   operation to its start's stack in `STACK_TOTALS`.
+//!
 //! Every perf event carries a BPF cookie: the index of its site in
 //! `SITES`, where user space wrote how to read that site's key argument
 //! (each USDT site has its own argument locations). Errors are counted in
@@ -26,24 +32,34 @@
 #![no_main]
 
 mod args;
+// The sampling object's register reader and stack walker, compiled into
+// this object too (with its own unwind-table maps).
+#[path = "../arch.rs"]
+#[allow(dead_code)]
+mod arch;
+#[path = "../unwind.rs"]
+mod unwind;
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_F_NO_COMMON_LRU, BPF_F_NO_PREALLOC, BPF_NOEXIST},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
-        bpf_probe_read_user_str_bytes, generated::bpf_get_attach_cookie,
+        bpf_probe_read_user_str_bytes,
+        generated::{bpf_get_attach_cookie, bpf_probe_read_kernel},
     },
     macros::{map, uprobe},
-    maps::{Array, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::ProbeContext,
 };
 use profiler_common::latency::{
     FILTER_EQ, FILTER_GE, FILTER_GT, FILTER_LE, FILTER_LT, FILTER_NE, FILTER_NONE, HIST_SLOTS,
     HistKey, HistValue, KEY_ARG, KEY_COMM, KEY_PID, KEY_STRING_ARG, LATENCY_COUNTER_SLOTS,
-    LatencyConfig, LatencyCounter, MAX_IN_FLIGHT, MAX_KEYS, MAX_SITES, NO_REGISTER, SiteConfig,
+    LatencyConfig, LatencyCounter, MAX_IN_FLIGHT, MAX_KEYS, MAX_PROBE_STACK_FRAMES,
+    MAX_PROBE_STACKS, MAX_SITES, NO_REGISTER, ProbeStack, SiteConfig, StackId, StackTotals,
     StartKey, StartValue, TRACE_SLOTS, TRACE_TEXT_LEN, TraceEvent,
 };
+use profiler_common::{Counter, Sample};
 
 /// Set by the loader (`profiler_common::latency::GLOBAL_LATENCY_CONFIG`).
 /// A read-only global: the verifier sees its fields as constants and drops
@@ -95,6 +111,36 @@ static TRACE_RATE: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
 
 const EEXIST: i32 = 17;
 
+/// Where the walker writes a start's frames.
+#[map]
+static STACK_SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
+
+/// Where a new stack is assembled before it is stored.
+#[map]
+static STACK_VALUE: PerCpuArray<ProbeStack> = PerCpuArray::with_max_entries(1, 0);
+
+/// The frames of every stack seen at a start, by process and hash.
+#[map]
+static STACKS: HashMap<StackId, ProbeStack> =
+    HashMap::with_max_entries(MAX_PROBE_STACKS, BPF_F_NO_PREALLOC);
+
+/// Operations per start stack: count and total latency.
+#[map]
+static STACK_TOTALS: PerCpuHashMap<StackId, StackTotals> =
+    PerCpuHashMap::with_max_entries(MAX_PROBE_STACKS, BPF_F_NO_PREALLOC);
+
+/// The walker's counters (`profiler_common::Counter`): a probe only cares
+/// whether its stack was cut.
+#[inline(always)]
+pub(crate) fn bump(counter: Counter) {
+    if matches!(
+        counter,
+        Counter::UserStackFailed | Counter::UserStackTruncated
+    ) {
+        count(LatencyCounter::StackCut);
+    }
+}
+
 #[uprobe]
 pub fn latency_start(ctx: ProbeContext) -> u32 {
     on_start(&ctx);
@@ -132,7 +178,7 @@ pub fn latency_trace_end(ctx: ProbeContext) -> u32 {
 }
 
 #[inline(always)]
-fn bump(counter: LatencyCounter) {
+fn count(counter: LatencyCounter) {
     if let Some(slot) = LATENCY_COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: a per-CPU slot; uprobe programs do not nest on one CPU
         // (they run with preemption and migration disabled).
@@ -153,7 +199,7 @@ fn start_key(ctx: &ProbeContext, config: &LatencyConfig) -> Option<StartKey> {
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if config.tgid != 0 && tgid != config.tgid {
-        bump(LatencyCounter::FilteredOut);
+        count(LatencyCounter::FilteredOut);
         return None;
     }
     let id = if config.goroutine_register != NO_REGISTER {
@@ -163,7 +209,7 @@ fn start_key(ctx: &ProbeContext, config: &LatencyConfig) -> Option<StartKey> {
         match args::register(ctx, config.goroutine_register) {
             Some(g) => g,
             None => {
-                bump(LatencyCounter::ArgReadFailed);
+                count(LatencyCounter::ArgReadFailed);
                 return None;
             }
         }
@@ -187,12 +233,12 @@ fn histogram_key(ctx: &ProbeContext, config: &LatencyConfig, tgid: u32, key: &mu
             // SAFETY: the helper only reads the run context's cookie.
             let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
             let Some(site) = SITES.get(cookie as u32) else {
-                bump(LatencyCounter::UnknownSite);
+                count(LatencyCounter::UnknownSite);
                 return;
             };
             let Some(value) = args::read(ctx, &site.key_arg, site.site_address, config.ip_register)
             else {
-                bump(LatencyCounter::ArgReadFailed);
+                count(LatencyCounter::ArgReadFailed);
                 return;
             };
             if config.key_kind == KEY_ARG {
@@ -203,7 +249,7 @@ fn histogram_key(ctx: &ProbeContext, config: &LatencyConfig, tgid: u32, key: &mu
                 if unsafe { bpf_probe_read_user_str_bytes(value as *const u8, &mut key.text) }
                     .is_err()
                 {
-                    bump(LatencyCounter::ArgReadFailed);
+                    count(LatencyCounter::ArgReadFailed);
                 }
             }
         }
@@ -213,7 +259,7 @@ fn histogram_key(ctx: &ProbeContext, config: &LatencyConfig, tgid: u32, key: &mu
 
 #[inline(always)]
 fn on_start(ctx: &ProbeContext) {
-    bump(LatencyCounter::Starts);
+    count(LatencyCounter::Starts);
     let config = config();
     let Some(key) = start_key(ctx, &config) else {
         return;
@@ -221,20 +267,24 @@ fn on_start(ctx: &ProbeContext) {
     let mut value = StartValue {
         time_ns: 0,
         key: HistKey::ZERO,
+        stack: 0,
     };
     histogram_key(ctx, &config, key.tgid, &mut value.key);
+    if config.stacks != 0 {
+        value.stack = record_stack(key.tgid);
+    }
     // Last, so the time spent reading arguments is not measured.
     // SAFETY: reads the monotonic clock; no memory involved.
     value.time_ns = unsafe { bpf_ktime_get_ns() };
     match STARTS.insert(&key, &value, BPF_NOEXIST as u64) {
         Ok(()) => {}
         Err(error) if error == -EEXIST => {
-            bump(LatencyCounter::StartReplaced);
+            count(LatencyCounter::StartReplaced);
             if STARTS.insert(&key, &value, 0).is_err() {
-                bump(LatencyCounter::StartMapFull);
+                count(LatencyCounter::StartMapFull);
             }
         }
-        Err(_) => bump(LatencyCounter::StartMapFull),
+        Err(_) => count(LatencyCounter::StartMapFull),
     }
 }
 
@@ -243,20 +293,23 @@ fn on_end(ctx: &ProbeContext) {
     // First, so our own work is not measured.
     // SAFETY: as in on_start.
     let now = unsafe { bpf_ktime_get_ns() };
-    bump(LatencyCounter::Ends);
+    count(LatencyCounter::Ends);
     let config = config();
     let Some(key) = start_key(ctx, &config) else {
         return;
     };
     // SAFETY: the value is copied out before the entry is deleted.
     let Some(start) = (unsafe { STARTS.get(&key) }).copied() else {
-        bump(LatencyCounter::EndWithoutStart);
+        count(LatencyCounter::EndWithoutStart);
         return;
     };
     let _ = STARTS.remove(&key);
     // checked_div: a division that may panic would leave an unreachable
     // trap the verifier refuses (user space never passes 0).
     let elapsed = now.saturating_sub(start.time_ns);
+    if config.stacks != 0 && start.stack != 0 && elapsed >= config.stack_min_ns {
+        add_to_stack(key.tgid, start.stack, elapsed);
+    }
     let duration = elapsed.checked_div(config.divisor).unwrap_or(elapsed);
     let Some(histogram) = histogram_of(&start.key) else {
         return;
@@ -273,18 +326,122 @@ fn on_end(ctx: &ProbeContext) {
     }
 }
 
+/// Walks the current thread's user stack, stores its frames when the
+/// stack is new, and returns its hash (0: nothing walked, or no room).
+#[inline(always)]
+fn record_stack(tgid: u32) -> u64 {
+    let Some(sample) = STACK_SCRATCH.get_ptr_mut(0) else {
+        return 0;
+    };
+    let regs = arch::user_regs();
+    let walk = unwind::walk_user_stack(unwind::WALK_SAMPLING, tgid, &regs, sample, 0);
+    let frames = (walk.frames as usize).min(MAX_PROBE_STACK_FRAMES);
+    if frames == 0 {
+        return 0;
+    }
+    if walk.frames as usize > MAX_PROBE_STACK_FRAMES {
+        count(LatencyCounter::StackCut);
+    }
+    // FNV-1a over the frames kept, then their number.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for i in 0..MAX_PROBE_STACK_FRAMES {
+        if i >= frames {
+            break;
+        }
+        // SAFETY: this CPU's scratch sample; `i` is below its frame count.
+        let frame = unsafe { (*sample).frames.get(i).copied().unwrap_or(0) };
+        hash = (hash ^ frame).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash = (hash ^ frames as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    let hash = hash.max(1);
+    let id = StackId {
+        tgid,
+        _pad: 0,
+        hash,
+    };
+    // SAFETY: only tested for presence.
+    if unsafe { STACKS.get(&id) }.is_some() {
+        return hash;
+    }
+    let Some(value) = STACK_VALUE.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's scratch values; the copy is at most the whole
+    // frame array of both (`frames` <= MAX_PROBE_STACK_FRAMES).
+    unsafe {
+        (*value).len = frames as u32;
+        (*value).end = walk.end as u32;
+        let bytes = (frames * 8) as u32;
+        if bytes > (MAX_PROBE_STACK_FRAMES * 8) as u32
+            || bpf_probe_read_kernel(
+                (*value).frames.as_mut_ptr().cast(),
+                bytes,
+                (*sample).frames.as_ptr().cast(),
+            ) != 0
+        {
+            return 0;
+        }
+        if STACKS.insert(&id, &*value, BPF_NOEXIST as u64).is_err() && STACKS.get(&id).is_none() {
+            count(LatencyCounter::StacksFull);
+            return 0;
+        }
+    }
+    hash
+}
+
+/// Adds one operation of `elapsed_ns` to the totals of its start stack.
+#[inline(always)]
+fn add_to_stack(tgid: u32, hash: u64, elapsed_ns: u64) {
+    let id = StackId {
+        tgid,
+        _pad: 0,
+        hash,
+    };
+    let totals = match STACK_TOTALS.get_ptr_mut(&id) {
+        Some(totals) => totals,
+        None => {
+            let zero = StackTotals {
+                count: 0,
+                sum_ns: 0,
+            };
+            if STACK_TOTALS.insert(&id, &zero, BPF_NOEXIST as u64).is_err()
+                && STACK_TOTALS.get_ptr_mut(&id).is_none()
+            {
+                count(LatencyCounter::StacksFull);
+                return;
+            }
+            match STACK_TOTALS.get_ptr_mut(&id) {
+                Some(totals) => totals,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: this CPU's copy of the entry; programs do not nest on one
+    // CPU.
+    unsafe {
+        (*totals).count += 1;
+        (*totals).sum_ns += elapsed_ns;
+    }
+}
+
 #[inline(always)]
 fn on_count(ctx: &ProbeContext) {
-    bump(LatencyCounter::Counts);
+    count(LatencyCounter::Counts);
     let config = config();
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if config.tgid != 0 && tgid != config.tgid {
-        bump(LatencyCounter::FilteredOut);
+        count(LatencyCounter::FilteredOut);
         return;
     }
     let mut key = HistKey::ZERO;
     histogram_key(ctx, &config, tgid, &mut key);
+    if config.stacks != 0 {
+        let stack = record_stack(tgid);
+        if stack != 0 {
+            add_to_stack(tgid, stack, 0);
+        }
+    }
     if let Some(histogram) = histogram_of(&key) {
         // SAFETY: as in on_end.
         unsafe { (*histogram).count += 1 };
@@ -293,12 +450,12 @@ fn on_count(ctx: &ProbeContext) {
 
 #[inline(always)]
 fn on_trace(ctx: &ProbeContext) {
-    bump(LatencyCounter::Traced);
+    count(LatencyCounter::Traced);
     let config = config();
     let pid_tgid = bpf_get_current_pid_tgid();
     let tgid = (pid_tgid >> 32) as u32;
     if config.tgid != 0 && tgid != config.tgid {
-        bump(LatencyCounter::FilteredOut);
+        count(LatencyCounter::FilteredOut);
         return;
     }
     let Some(mut event) = trace_record(ctx, &config, pid_tgid) else {
@@ -311,7 +468,7 @@ fn on_trace(ctx: &ProbeContext) {
 
 #[inline(always)]
 fn on_trace_start(ctx: &ProbeContext) {
-    bump(LatencyCounter::Starts);
+    count(LatencyCounter::Starts);
     let config = config();
     let Some(key) = start_key(ctx, &config) else {
         return;
@@ -323,7 +480,7 @@ fn on_trace_start(ctx: &ProbeContext) {
     // SAFETY: reads the monotonic clock.
     event.time_ns = unsafe { bpf_ktime_get_ns() };
     if TRACE_STARTS.insert(&key, &event, 0).is_err() {
-        bump(LatencyCounter::StartMapFull);
+        count(LatencyCounter::StartMapFull);
     }
 }
 
@@ -331,20 +488,20 @@ fn on_trace_start(ctx: &ProbeContext) {
 fn on_trace_end(ctx: &ProbeContext) {
     // SAFETY: reads the monotonic clock; first, so our work is not measured.
     let now = unsafe { bpf_ktime_get_ns() };
-    bump(LatencyCounter::Ends);
+    count(LatencyCounter::Ends);
     let config = config();
     let Some(key) = start_key(ctx, &config) else {
         return;
     };
     // SAFETY: the value is copied out before the entry is deleted.
     let Some(mut event) = (unsafe { TRACE_STARTS.get(&key) }).copied() else {
-        bump(LatencyCounter::EndWithoutStart);
+        count(LatencyCounter::EndWithoutStart);
         return;
     };
     let _ = TRACE_STARTS.remove(&key);
     event.latency_ns = now.saturating_sub(event.time_ns);
     if event.latency_ns < config.trace_min_ns {
-        bump(LatencyCounter::TraceFilteredOut);
+        count(LatencyCounter::TraceFilteredOut);
         return;
     }
     send_trace(&event, &config);
@@ -365,14 +522,14 @@ fn send_trace(event: &TraceEvent, config: &LatencyConfig) {
                 (*rate)[1] = 0;
             }
             if (*rate)[1] >= config.trace_max_per_second {
-                bump(LatencyCounter::TraceRateLimited);
+                count(LatencyCounter::TraceRateLimited);
                 return;
             }
             (*rate)[1] += 1;
         }
     }
     if TRACE_EVENTS.output::<TraceEvent>(event, 0).is_err() {
-        bump(LatencyCounter::TraceRingFull);
+        count(LatencyCounter::TraceRingFull);
     }
 }
 
@@ -383,7 +540,7 @@ fn trace_record(ctx: &ProbeContext, config: &LatencyConfig, pid_tgid: u64) -> Op
     // SAFETY: the helper only reads the run context's cookie.
     let cookie = unsafe { bpf_get_attach_cookie(ctx.as_ptr()) };
     let Some(site) = SITES.get(cookie as u32) else {
-        bump(LatencyCounter::UnknownSite);
+        count(LatencyCounter::UnknownSite);
         return None;
     };
     let mut event = TraceEvent {
@@ -411,13 +568,13 @@ fn trace_record(ctx: &ProbeContext, config: &LatencyConfig, pid_tgid: u64) -> Op
                 event.args[slot] = value;
                 event.read |= 1 << slot;
             }
-            None => bump(LatencyCounter::ArgReadFailed),
+            None => count(LatencyCounter::ArgReadFailed),
         }
     }
     if config.filter_op != FILTER_NONE {
         let slot = config.filter_slot as usize;
         if slot >= TRACE_SLOTS || !passes(event.args[slot], config) {
-            bump(LatencyCounter::TraceFilteredOut);
+            count(LatencyCounter::TraceFilteredOut);
             return None;
         }
     }
@@ -431,7 +588,7 @@ fn trace_record(ctx: &ProbeContext, config: &LatencyConfig, pid_tgid: u64) -> Op
         if unsafe { bpf_probe_read_user_str_bytes(event.args[text] as *const u8, &mut event.text) }
             .is_err()
         {
-            bump(LatencyCounter::ArgReadFailed);
+            count(LatencyCounter::ArgReadFailed);
         }
     }
     Some(event)
@@ -468,13 +625,13 @@ fn histogram_of(key: &HistKey) -> Option<*mut HistValue> {
         Ok(()) => {}
         Err(error) if error == -EEXIST => {}
         Err(_) => {
-            bump(LatencyCounter::HistogramFull);
+            count(LatencyCounter::HistogramFull);
             return None;
         }
     }
     let value = HISTOGRAMS.get_ptr_mut(key);
     if value.is_none() {
-        bump(LatencyCounter::HistogramFull);
+        count(LatencyCounter::HistogramFull);
     }
     value
 }

@@ -63,9 +63,9 @@ impl Tool {
             Tool::AgentFramePointers => format!(
                 "profiler-agent -F {hz} --frame-pointers-only --duration 30m --output agent.pb.gz"
             ),
-            Tool::AgentNoGoLabels => format!(
-                "profiler-agent -F {hz} --no-go-labels --duration 30m --output agent.pb.gz"
-            ),
+            Tool::AgentNoGoLabels => {
+                format!("profiler-agent -F {hz} --no-go-labels --duration 30m --output agent.pb.gz")
+            }
             Tool::Perf => format!("perf record -F {hz} -g -a -o perf.data"),
             Tool::Bpftrace => format!("bpftrace -e '{}'", bpftrace_program(hz)),
             Tool::Bcc => format!("profile-bpfcc -F {hz} -f"),

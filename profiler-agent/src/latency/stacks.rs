@@ -1,0 +1,224 @@
+//! Stacks at probe hits (`latency --stacks`): where operations begin,
+//! weighted by how long they took.
+//!
+//! The latency object walks the user stack at each start with the
+//! sampling walker (its own copy of the unwind-table arrays, loaded here
+//! for the processes that map a probed binary), keeps each distinct stack
+//! once (`STACKS`) and totals the operations per stack in the kernel
+//! (`STACK_TOTALS`). At the end the stacks become a profile with two
+//! sample types, `count` (operations) and `latency/nanoseconds`.
+
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, Instant, SystemTime};
+
+use aya::Ebpf;
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuHashMap};
+use profiler_common::latency::{ProbeStack, StackId, StackTotals};
+
+use super::plan::Plan;
+use super::session::SessionError;
+use crate::process::ProcessTable;
+use crate::profile::{Profile, ProfileKind};
+use crate::record::{ProfileWindow, StackCounts, StackKey, build_profile_of};
+use crate::symbolize::Symbolizer;
+use crate::unwind::{TableStore, UnwindArrays, UnwindTables};
+
+/// Kernel memory for the probe walker's unwind-table rows (a few large
+/// binaries' tables; the sampling agent's default is 64 MiB).
+pub const PROBE_UNWIND_TABLE_BYTES: u64 = 32 << 20;
+
+/// How often `/proc` is scanned for new processes mapping a probed file.
+const SCAN_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The stacks side of a session.
+pub struct ProbeStacks {
+    tables: UnwindTables,
+    processes: ProcessTable,
+    stacks: BpfHashMap<MapData, StackId, ProbeStack>,
+    totals: PerCpuHashMap<MapData, StackId, StackTotals>,
+    /// Only this process, or every process mapping one of `files`.
+    pid: Option<u32>,
+    /// The probed files, by (device, inode).
+    files: HashSet<(u64, u64)>,
+    registered: HashSet<u32>,
+    scanned_at: Option<Instant>,
+    started: SystemTime,
+}
+
+impl ProbeStacks {
+    /// Takes the stack and unwind maps of the loaded object and loads the
+    /// tables of the processes already running the probed binaries.
+    pub fn take(ebpf: &mut Ebpf, plan: &Plan) -> Result<ProbeStacks, SessionError> {
+        let arrays =
+            UnwindArrays::take(ebpf).map_err(|e| SessionError::Map("UNWIND_*", e.to_string()))?;
+        let tables = UnwindTables::spawn(TableStore::new(
+            arrays,
+            profiler_common::unwind::MAX_UNWIND_PROCESSES,
+        ))
+        .map_err(|e| SessionError::Map("UNWIND_*", format!("starting its thread: {e}")))?;
+        let stacks = BpfHashMap::try_from(
+            ebpf.take_map("STACKS")
+                .ok_or_else(|| SessionError::Map("STACKS", "missing".into()))?,
+        )
+        .map_err(|e| SessionError::Map("STACKS", e.to_string()))?;
+        let totals = PerCpuHashMap::try_from(
+            ebpf.take_map("STACK_TOTALS")
+                .ok_or_else(|| SessionError::Map("STACK_TOTALS", "missing".into()))?,
+        )
+        .map_err(|e| SessionError::Map("STACK_TOTALS", e.to_string()))?;
+        let files = plan
+            .sites
+            .iter()
+            .filter_map(|site| std::fs::metadata(&site.target.path).ok())
+            .map(|m| (m.dev(), m.ino()))
+            .collect();
+        let pid = (plan.config.tgid != 0).then_some(plan.config.tgid);
+        let mut stacks = ProbeStacks {
+            tables,
+            processes: ProcessTable::default(),
+            stacks,
+            totals,
+            pid,
+            files,
+            registered: HashSet::new(),
+            scanned_at: None,
+            started: SystemTime::now(),
+        };
+        stacks.refresh();
+        // The first hits already walk with tables.
+        stacks.tables.flush();
+        Ok(stacks)
+    }
+
+    /// Loads the tables of processes that started running a probed binary
+    /// since the last scan (at most once a second).
+    pub fn refresh(&mut self) {
+        if self
+            .scanned_at
+            .is_some_and(|at| at.elapsed() < SCAN_INTERVAL)
+        {
+            return;
+        }
+        self.scanned_at = Some(Instant::now());
+        let pids: Vec<u32> = match self.pid {
+            Some(pid) => vec![pid],
+            None => processes_mapping(&self.files),
+        };
+        for pid in pids {
+            if !self.registered.insert(pid) {
+                continue;
+            }
+            self.processes.observe(pid, &[]);
+            if let Some(process) = self.processes.get(pid) {
+                self.tables.register(process);
+            }
+        }
+    }
+
+    /// The stacks totalled so far, as a profile: one sample per (process,
+    /// stack), its count the operations that began there and its value
+    /// their total latency.
+    pub fn profile(&mut self) -> Profile {
+        let mut stacks: HashMap<StackKey, StackCounts> = HashMap::new();
+        let frames: HashMap<StackId, Box<[u64]>> = self
+            .stacks
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(id, stack)| {
+                let len = (stack.len as usize).min(stack.frames.len());
+                (id, stack.frames[..len].into())
+            })
+            .collect();
+        for (id, per_cpu) in self.totals.iter().filter_map(Result::ok) {
+            let Some(user) = frames.get(&id) else {
+                continue;
+            };
+            let (count, sum_ns) = per_cpu
+                .iter()
+                .fold((0, 0), |(c, s), t| (c + t.count, s + t.sum_ns));
+            if count == 0 {
+                continue;
+            }
+            // Seen only now (it exited before a scan found it): named
+            // from what is left of it, if anything.
+            self.processes.observe(id.tgid, &[]);
+            let key = StackKey {
+                pid: id.tgid,
+                tid: 0,
+                thread: [0; 16],
+                user: user.clone(),
+                kernel: Box::default(),
+                labels: Box::default(),
+            };
+            *stacks.entry(key).or_default() += StackCounts {
+                samples: count,
+                blocked_ns: sum_ns,
+                runq_ns: 0,
+            };
+        }
+        let window = ProfileWindow {
+            started: self.started,
+            elapsed: self.started.elapsed().unwrap_or_default(),
+            frequency_hz: 1,
+            kind: ProfileKind::Latency,
+        };
+        let mut symbolizer = Symbolizer::default();
+        build_profile_of(stacks.iter(), &self.processes, &mut symbolizer, &window)
+    }
+}
+
+/// Processes with a mapping of one of `files` ((device, inode) pairs).
+fn processes_mapping(files: &HashSet<(u64, u64)>) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
+                maps.lines().any(|line| {
+                    let mut fields = line.split_ascii_whitespace().skip(3);
+                    let (Some(dev), Some(inode)) = (fields.next(), fields.next()) else {
+                        return false;
+                    };
+                    let Some((major, minor)) = dev.split_once(':') else {
+                        return false;
+                    };
+                    let (Ok(major), Ok(minor), Ok(inode)) = (
+                        u64::from_str_radix(major, 16),
+                        u64::from_str_radix(minor, 16),
+                        inode.parse::<u64>(),
+                    ) else {
+                        return false;
+                    };
+                    inode != 0 && files.contains(&(makedev(major, minor), inode))
+                })
+            })
+        })
+        .collect()
+}
+
+/// `st_dev` of a (major, minor) pair, as glibc's `makedev` builds it.
+fn makedev(major: u64, minor: u64) -> u64 {
+    ((major & 0xffff_f000) << 32)
+        | ((major & 0x0000_0fff) << 8)
+        | ((minor & 0xffff_ff00) << 12)
+        | (minor & 0x0000_00ff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_numbers_are_built_like_glibc() {
+        // /dev/sda1 (8:1), and a major and minor past 8 bits.
+        assert_eq!(makedev(8, 1), 0x801);
+        assert_eq!(makedev(0x103, 0x12345), 0x1231_0345);
+        // This test's own executable is mapped by this process.
+        let exe = std::fs::metadata("/proc/self/exe").unwrap();
+        let files: HashSet<(u64, u64)> = [(exe.dev(), exe.ino())].into();
+        assert!(processes_mapping(&files).contains(&std::process::id()));
+    }
+}
