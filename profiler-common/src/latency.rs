@@ -231,9 +231,16 @@ pub struct HistValue {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StartKey {
     pub tgid: u32,
-    pub _pad: u32,
+    /// Nesting level of the start (recursion, re-entrancy): 0 outermost.
+    /// The per-thread depth itself is kept under level 0's key in
+    /// `DEPTHS`.
+    pub depth: u32,
     pub id: u64,
 }
+
+/// Starts nested on one thread (or goroutine) that are kept apart; a start
+/// deeper than this replaces the innermost (counted as `StartReplaced`).
+pub const MAX_NESTED_STARTS: u32 = 32;
 
 /// A pending start: when, and the key read at the start probe (arguments
 /// are read where the operation begins; at a function's return they are
@@ -309,8 +316,8 @@ pub enum LatencyCounter {
     UnknownSite = 7,
     /// A hit from another process than `--pid`.
     FilteredOut = 8,
-    /// A start replaced a pending start of the same thread/goroutine
-    /// (recursion, or a lost end).
+    /// A start nested deeper than `MAX_NESTED_STARTS` on one thread or
+    /// goroutine replaced the innermost pending one.
     StartReplaced = 9,
     /// `trace`: hits of the traced probe.
     Traced = 10,
@@ -360,7 +367,7 @@ impl LatencyCounter {
             LatencyCounter::ArgReadFailed => "argument reads failed",
             LatencyCounter::UnknownSite => "unknown sites",
             LatencyCounter::FilteredOut => "other processes",
-            LatencyCounter::StartReplaced => "starts replaced",
+            LatencyCounter::StartReplaced => "starts nested too deep (replaced)",
             LatencyCounter::Traced => "hits",
             LatencyCounter::TraceFilteredOut => "left out by the filter",
             LatencyCounter::TraceRateLimited => "dropped over the rate limit",

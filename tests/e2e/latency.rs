@@ -1041,7 +1041,14 @@ fn stacks_at_probe_hits_split_operations_by_call_site() {
         let done = agent.interrupt();
         assert!(target.finish().success());
         assert!(done.status.success(), "{done:?}");
-        let [checkout_calls, checkout_ns, search_calls, search_ns] = own[..] else {
+        let [
+            checkout_calls,
+            checkout_ns,
+            search_calls,
+            search_ns,
+            _nest_calls,
+        ] = own[..]
+        else {
             panic!("the fixture printed {own:?}");
         };
         let (sites, all_reach_main) = call_sites(&read_pprof(&out));
@@ -1077,4 +1084,38 @@ fn stacks_at_probe_hits_split_operations_by_call_site() {
             );
         }
     }
+}
+
+/// Nested starts of one thread (a recursive function timed entry to
+/// return) are matched innermost first: every level counted, none taken
+/// for another's end.
+#[test]
+fn recursion_times_every_level() {
+    let _serial = serial();
+    let fixture = build_c_fixture("callsites", &["-O2", "-g", "-fomit-frame-pointer"]);
+    let mut target = Gated::start(&fixture, &["10"]);
+    let pid = target.pid().to_string();
+    let spec = format!("uprobe:{}:nest", fixture.display());
+    let agent = start_agent(&["latency", "--pid", &pid, &spec]);
+    let own: Vec<u64> = target
+        .run_to_gate()
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let done = agent.interrupt();
+    assert!(target.finish().success());
+    assert!(done.status.success(), "{done:?}");
+    let nest_calls = *own.last().expect("the fixture's counts");
+    assert_eq!(nest_calls, 40, "the fixture's own count");
+    assert!(
+        done.stdout.contains(&format!("count {nest_calls},")),
+        "every level of the recursion is one operation:\n{}\n{}",
+        done.stdout,
+        done.stderr
+    );
+    assert!(
+        done.stderr.contains("0 ends without a start") && !done.stderr.contains("nested too deep"),
+        "{}",
+        done.stderr
+    );
 }

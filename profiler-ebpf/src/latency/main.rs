@@ -5,7 +5,9 @@
 //! - `latency_start`: remembers `bpf_ktime_get_ns()` (and the histogram
 //!   key, read from the start site's arguments) per thread, or per
 //!   goroutine for Go, in an LRU map, so starts whose end never fires are
-//!   evicted instead of filling the map.
+//!   evicted instead of filling the map. Nested starts of one thread
+//!   (recursion, re-entrancy) are kept apart by depth and matched last in,
+//!   first out.
 //! - `latency_end`: takes the start back, adds `(now - start) / divisor`
 //!   to the key's per-CPU histogram (bpftrace's log2 buckets, or linear),
 //!   count and sum.
@@ -55,9 +57,9 @@ use aya_ebpf::{
 use profiler_common::latency::{
     FILTER_EQ, FILTER_GE, FILTER_GT, FILTER_LE, FILTER_LT, FILTER_NE, FILTER_NONE, HIST_SLOTS,
     HistKey, HistValue, KEY_ARG, KEY_COMM, KEY_PID, KEY_STRING_ARG, LATENCY_COUNTER_SLOTS,
-    LatencyConfig, LatencyCounter, MAX_IN_FLIGHT, MAX_KEYS, MAX_PROBE_STACK_FRAMES,
-    MAX_PROBE_STACKS, MAX_SITES, NO_REGISTER, ProbeStack, SiteConfig, StackId, StackTotals,
-    StartKey, StartValue, TRACE_SLOTS, TRACE_TEXT_LEN, TraceEvent,
+    LatencyConfig, LatencyCounter, MAX_IN_FLIGHT, MAX_KEYS, MAX_NESTED_STARTS,
+    MAX_PROBE_STACK_FRAMES, MAX_PROBE_STACKS, MAX_SITES, NO_REGISTER, ProbeStack, SiteConfig,
+    StackId, StackTotals, StartKey, StartValue, TRACE_SLOTS, TRACE_TEXT_LEN, TraceEvent,
 };
 use profiler_common::{Counter, Sample};
 
@@ -76,6 +78,14 @@ static SITES: Array<SiteConfig> = Array::with_max_entries(MAX_SITES, 0);
 /// (on this 2-CPU machine it made no measurable difference).
 #[map]
 static STARTS: LruHashMap<StartKey, StartValue> =
+    LruHashMap::with_max_entries(MAX_IN_FLIGHT, BPF_F_NO_COMMON_LRU);
+
+/// How many starts each thread or goroutine has pending (its next start's
+/// `StartKey::depth`), under its depth-0 key: nested starts (recursion,
+/// re-entrancy) are matched last in, first out, instead of the inner one
+/// replacing the outer.
+#[map]
+static DEPTHS: LruHashMap<StartKey, u32> =
     LruHashMap::with_max_entries(MAX_IN_FLIGHT, BPF_F_NO_COMMON_LRU);
 
 /// Histograms by key, per CPU (no atomics on the hot path). Not
@@ -216,7 +226,7 @@ fn start_key(ctx: &ProbeContext, config: &LatencyConfig) -> Option<StartKey> {
     } else {
         pid_tgid
     };
-    Some(StartKey { tgid, _pad: 0, id })
+    Some(StartKey { tgid, depth: 0, id })
 }
 
 /// Fills `key` per `--by`.
@@ -276,15 +286,20 @@ fn on_start(ctx: &ProbeContext) {
     // Last, so the time spent reading arguments is not measured.
     // SAFETY: reads the monotonic clock; no memory involved.
     value.time_ns = unsafe { bpf_ktime_get_ns() };
-    match STARTS.insert(&key, &value, BPF_NOEXIST as u64) {
-        Ok(()) => {}
-        Err(error) if error == -EEXIST => {
-            count(LatencyCounter::StartReplaced);
-            if STARTS.insert(&key, &value, 0).is_err() {
-                count(LatencyCounter::StartMapFull);
-            }
-        }
-        Err(_) => count(LatencyCounter::StartMapFull),
+    // SAFETY: the value is copied out.
+    let depth = unsafe { DEPTHS.get(&key) }.copied().unwrap_or(0);
+    let (level, next) = if depth >= MAX_NESTED_STARTS {
+        count(LatencyCounter::StartReplaced);
+        (MAX_NESTED_STARTS - 1, MAX_NESTED_STARTS)
+    } else {
+        (depth, depth + 1)
+    };
+    let at = StartKey {
+        depth: level,
+        ..key
+    };
+    if STARTS.insert(&at, &value, 0).is_err() || DEPTHS.insert(&key, &next, 0).is_err() {
+        count(LatencyCounter::StartMapFull);
     }
 }
 
@@ -298,12 +313,29 @@ fn on_end(ctx: &ProbeContext) {
     let Some(key) = start_key(ctx, &config) else {
         return;
     };
+    // The innermost pending start is this end's.
+    // SAFETY: the value is copied out.
+    let depth = unsafe { DEPTHS.get(&key) }.copied().unwrap_or(0);
+    if depth == 0 {
+        count(LatencyCounter::EndWithoutStart);
+        return;
+    }
+    let level = depth - 1;
+    let _ = if level == 0 {
+        DEPTHS.remove(&key)
+    } else {
+        DEPTHS.insert(&key, &level, 0)
+    };
+    let at = StartKey {
+        depth: level,
+        ..key
+    };
     // SAFETY: the value is copied out before the entry is deleted.
-    let Some(start) = (unsafe { STARTS.get(&key) }).copied() else {
+    let Some(start) = (unsafe { STARTS.get(&at) }).copied() else {
         count(LatencyCounter::EndWithoutStart);
         return;
     };
-    let _ = STARTS.remove(&key);
+    let _ = STARTS.remove(&at);
     // checked_div: a division that may panic would leave an unreachable
     // trap the verifier refuses (user space never passes 0).
     let elapsed = now.saturating_sub(start.time_ns);
