@@ -157,7 +157,7 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
         if let Some(stacks) = session.stacks_mut() {
             stacks.refresh();
         }
-        if let Some(trip) = breaker.check(now, &session.hits_per_cpu()) {
+        if let Some(trip) = breaker.check(now, &session.hits_per_cpu(), session.cost_per_hit_ns()) {
             tripped = Some(trip);
             break;
         }

@@ -243,7 +243,11 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
         if stop.load(Ordering::Relaxed) || args.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
         }
-        if let Some(trip) = breaker.check(Instant::now(), &session.hits_per_cpu()) {
+        if let Some(trip) = breaker.check(
+            Instant::now(),
+            &session.hits_per_cpu(),
+            session.cost_per_hit_ns(),
+        ) {
             tripped = Some(trip);
             break;
         }

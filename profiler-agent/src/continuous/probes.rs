@@ -214,7 +214,11 @@ impl ProbeHistograms {
         for probe in &mut self.attached {
             match probe.detached_at {
                 None => {
-                    if let Some(trip) = probe.breaker.check(now, &probe.session.hits_per_cpu()) {
+                    if let Some(trip) = probe.breaker.check(
+                        now,
+                        &probe.session.hits_per_cpu(),
+                        probe.session.cost_per_hit_ns(),
+                    ) {
                         probe.session.detach();
                         probe.detached_at = Some(now);
                         probe.trips += 1;

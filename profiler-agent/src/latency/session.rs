@@ -181,6 +181,9 @@ pub struct Session {
     histograms: PerCpuHashMap<MapData, HistKey, HistValue>,
     counters: PerCpuArray<MapData, u64>,
     ebpf: Ebpf,
+    /// Keeps the kernel's BPF run-time statistics on (for the programs'
+    /// cost per hit); None when the kernel refused.
+    stats: Option<std::os::fd::OwnedFd>,
     /// What to attach again after a detach (the circuit breaker's back-off).
     plan: Plan,
     pmu: UprobePmu,
@@ -287,7 +290,11 @@ impl Session {
         } else {
             None
         };
+        // Costs each BPF program run on the machine two clock reads while
+        // on; it is how a probe's cost is measured rather than assumed.
+        let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
         Ok(Session {
+            stats,
             attached,
             stacks,
             trace,
@@ -348,6 +355,24 @@ impl Session {
             }
         }
         hits
+    }
+
+    /// What one hit costs its CPU, in nanoseconds: the trap into the
+    /// kernel (`breaker::TRAP_NS`) plus the programs' measured time per
+    /// run (the kernel's BPF run-time statistics, switched on while the
+    /// session lives); the reference cost while nothing was measured.
+    pub fn cost_per_hit_ns(&self) -> f64 {
+        let (mut time_ns, mut runs) = (0u128, 0u64);
+        for (_, program) in self.ebpf.programs() {
+            if let Ok(info) = program.info() {
+                time_ns += info.run_time().as_nanos();
+                runs += info.run_count();
+            }
+        }
+        if self.stats.is_none() || runs == 0 {
+            return super::breaker::REFERENCE_COST_NS;
+        }
+        super::breaker::TRAP_NS + time_ns as f64 / runs as f64
     }
 
     /// How many uprobes are attached.
