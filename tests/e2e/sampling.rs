@@ -406,3 +406,178 @@ fn stacks_deeper_than_the_kernels_127_frames_reach_main() {
         "only {deep} of {total} complete deep stacks"
     );
 }
+
+/// What `go tool pprof -raw` (Go's own decoder, not the agent's structs)
+/// prints of a profile: its samples' labels, its locations (address,
+/// mapping, innermost function and line) and its mappings (start, limit,
+/// offset, file, build id).
+struct Raw {
+    sample_labels: Vec<std::collections::HashMap<String, String>>,
+    locations: Vec<(u64, usize, String, u32)>,
+    mappings: std::collections::HashMap<usize, (u64, u64, u64, String, String)>,
+}
+
+fn raw_profile(path: &std::path::Path) -> Raw {
+    let text = go_pprof(&["-raw"], path);
+    let mut raw = Raw {
+        sample_labels: Vec::new(),
+        locations: Vec::new(),
+        mappings: Default::default(),
+    };
+    let mut section = "";
+    for line in text.lines() {
+        match line {
+            "Samples:" | "Locations" | "Mappings" => {
+                section = line;
+                continue;
+            }
+            _ => {}
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match section {
+            "Samples:" if line.contains(":[") => {
+                raw.sample_labels.push(
+                    fields
+                        .iter()
+                        .filter_map(|f| f.trim_end_matches(']').split_once(":["))
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                );
+            }
+            // "  1: 0x55a34776315f M=1 work /path/hot.c:17 s=0"
+            "Locations" if fields.len() >= 4 && fields[0].ends_with(':') => {
+                let address = u64::from_str_radix(fields[1].trim_start_matches("0x"), 16).unwrap();
+                let Some(mapping) = fields[2].strip_prefix("M=") else {
+                    continue;
+                };
+                let line_no = fields[4]
+                    .rsplit_once(':')
+                    .and_then(|(_, l)| l.parse().ok())
+                    .unwrap_or(0);
+                raw.locations.push((
+                    address,
+                    mapping.parse().unwrap(),
+                    fields[3].to_string(),
+                    line_no,
+                ));
+            }
+            // "1: 0x55a347763000/0x55a347764000/0x1000 /tmp/hot BUILDID [FN]..."
+            "Mappings" if fields.len() >= 3 && fields[0].ends_with(':') => {
+                let id = fields[0].trim_end_matches(':').parse().unwrap();
+                let bounds: Vec<u64> = fields[1]
+                    .split('/')
+                    .map(|n| u64::from_str_radix(n.trim_start_matches("0x"), 16).unwrap())
+                    .collect();
+                let build_id = fields
+                    .get(3)
+                    .filter(|f| !f.starts_with('['))
+                    .unwrap_or(&"")
+                    .to_string();
+                raw.mappings.insert(
+                    id,
+                    (
+                        bounds[0],
+                        bounds[1],
+                        bounds[2],
+                        fields[2].to_string(),
+                        build_id,
+                    ),
+                );
+            }
+            _ => {}
+        }
+    }
+    raw
+}
+
+/// The GNU build id of `binary`, as `readelf -n` prints it.
+fn readelf_build_id(binary: &std::path::Path) -> String {
+    let notes = run_tool("readelf", &["-n", binary.to_str().unwrap()]);
+    notes
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Build ID: "))
+        .expect("the fixture has a GNU build id")
+        .trim()
+        .to_string()
+}
+
+/// The profile as Go's own pprof reads it: the fixture's mapping carries
+/// its path and the build id readelf finds, every location in it names
+/// the function and line binutils' addr2line gives for its address (or
+/// the call one byte before a return address), and every sample carries
+/// the fixture's pid and name.
+#[test]
+fn go_tool_pprof_reads_mappings_build_ids_lines_and_labels_as_binutils_does() {
+    require_bpf_privileges();
+    let binary = hot_fixture();
+    let fixture = Running::start(&binary, &["20"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cpu.pb.gz");
+    let pid = fixture.pid().to_string();
+    record(&[
+        "--pid",
+        &pid,
+        "--duration",
+        "2s",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    drop(fixture);
+
+    let raw = raw_profile(&out);
+    assert!(!raw.sample_labels.is_empty(), "no samples");
+    let name = binary.file_name().unwrap().to_string_lossy();
+    let comm = &name[..name.len().min(15)];
+    for labels in &raw.sample_labels {
+        assert_eq!(labels.get("pid"), Some(&pid), "{labels:?}");
+        assert_eq!(
+            labels.get("comm").map(String::as_str),
+            Some(comm),
+            "{labels:?}"
+        );
+    }
+    let path = binary.to_str().unwrap();
+    let (&id, &(start, _, offset, _, ref build_id)) = raw
+        .mappings
+        .iter()
+        .find(|(_, m)| m.3 == path)
+        .unwrap_or_else(|| panic!("no mapping of {path}: {:?}", raw.mappings));
+    assert_eq!(build_id, &readelf_build_id(&binary), "build id of {path}");
+    // The fixture is a PIE: its file offsets are its virtual addresses.
+    let ours: Vec<&(u64, usize, String, u32)> =
+        raw.locations.iter().filter(|l| l.1 == id).collect();
+    assert!(
+        ours.len() >= 4,
+        "locations in the fixture: {:?}",
+        raw.locations
+    );
+    let addresses: Vec<String> = ours
+        .iter()
+        .flat_map(|l| {
+            let file_address = l.0 - start + offset;
+            [file_address, file_address - 1]
+        })
+        .map(|a| format!("{a:#x}"))
+        .collect();
+    let mut args = vec!["-f", "-e", path];
+    args.extend(addresses.iter().map(String::as_str));
+    let answers = run_tool("addr2line", &args);
+    let answers: Vec<&str> = answers.lines().collect();
+    for (i, (address, _, function, line)) in ours.iter().enumerate() {
+        let at = |k: usize| -> (&str, u32) {
+            let function = answers[2 * k];
+            let line = answers[2 * k + 1]
+                .rsplit_once(':')
+                .and_then(|(_, l)| l.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0);
+            (function, line)
+        };
+        let (exact, before) = (at(2 * i), at(2 * i + 1));
+        assert!(
+            (function.as_str(), *line) == exact || (function.as_str(), *line) == before,
+            "{address:#x}: pprof reads {function}:{line}, addr2line says {exact:?} at the \
+             address and {before:?} one byte before"
+        );
+    }
+}

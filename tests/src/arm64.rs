@@ -195,6 +195,11 @@ pub fn run_guest(guest: &Guest, timeout: Duration) -> Result<GuestRun, String> {
             "none",
             "-serial",
             "stdio",
+            // No network card: the guest needs none, and the default
+            // virtio one wants a boot ROM (ipxe-qemu) that a fresh
+            // machine without qemu's recommended packages lacks.
+            "-nic",
+            "none",
         ])
         .arg("-kernel")
         .arg(&assets.kernel)
