@@ -89,8 +89,10 @@ fn assert_shares_agree(
     names.retain(|name| name.as_str() != "runtime.goexit");
     names.sort();
     names.dedup();
+    // heavy, medium and light at least (lightLoop's own share is its loop
+    // control, 0.5-3% depending on where the compiler puts it).
     assert!(
-        names.len() >= 4,
+        names.len() >= 3,
         "{what}: too few functions to compare: {go:?}"
     );
     for name in names {

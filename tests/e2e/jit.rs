@@ -157,7 +157,7 @@ fn start_node(dir: &Path, flags: &[&str], seconds: &str) -> Running {
     let mut args: Vec<&str> = flags.to_vec();
     args.push(script.to_str().unwrap());
     args.push(seconds);
-    Running::start(Path::new(node), &args)
+    Running::start_in(dir, Path::new(node), &args)
 }
 
 /// The stacks of `pid` over 3 s, and the agent's report.

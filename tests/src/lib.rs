@@ -106,8 +106,15 @@ pub struct Running {
 
 impl Running {
     pub fn start(program: &Path, args: &[&str]) -> Running {
+        Running::start_in(Path::new("."), program, args)
+    }
+
+    /// Starts `program` in `dir`, for programs that write files into their
+    /// working directory (V8 writes its isolate logs there).
+    pub fn start_in(dir: &Path, program: &Path, args: &[&str]) -> Running {
         let child = Command::new(program)
             .args(args)
+            .current_dir(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
