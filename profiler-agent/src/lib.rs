@@ -10,6 +10,9 @@
 //! `probes` (what and where USDT probes and uprobes are) and `latency`
 //! (measuring at them: histograms, traces); `continuous` (the `run`
 //! agent) and `export` (its exporters and listener).
+//!
+//! `process` and `symbolize` are the profiler-symbolize crate (no BPF, no
+//! agent): re-exported here under the names the stages above use.
 
 mod bpf_loading;
 pub mod cli;
@@ -18,9 +21,13 @@ pub mod export;
 pub mod golabels;
 pub mod latency;
 pub mod probes;
-pub mod process;
 pub mod profile;
 pub mod record;
 pub mod sampling;
-pub mod symbolize;
 pub mod unwind;
+
+pub use profiler_symbolize as symbolize;
+pub use profiler_symbolize::process;
+
+#[cfg(test)]
+mod hostile_binaries;

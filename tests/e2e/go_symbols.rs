@@ -1,4 +1,4 @@
-//! Go symbolization (profiler-agent/src/symbolize/go) against the Go
+//! Go symbolization (profiler-symbolize/src/go) against the Go
 //! toolchains' own answers, on binaries built by each toolchain in each
 //! build mode:
 //!

@@ -178,6 +178,7 @@ pub struct Debuginfod {
 
 struct Shared {
     config: DebuginfodConfig,
+    #[cfg(feature = "debuginfod")]
     agent: ureq::Agent,
     state: Mutex<State>,
     /// Signalled whenever a download ends.
@@ -209,6 +210,7 @@ struct Request {
 
 impl Debuginfod {
     pub fn new(config: DebuginfodConfig) -> Debuginfod {
+        #[cfg(feature = "debuginfod")]
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(config.timeout.max(Duration::from_millis(1))))
             .http_status_as_error(false)
@@ -218,6 +220,7 @@ impl Debuginfod {
             config: config.clone(),
             shared: Arc::new(Shared {
                 config,
+                #[cfg(feature = "debuginfod")]
                 agent,
                 state: Mutex::new(State::default()),
                 finished: Condvar::new(),
@@ -407,9 +410,15 @@ impl Shared {
         false
     }
 
+    #[cfg(not(feature = "debuginfod"))]
+    fn download(&self, _url: &str, _to: &Path) -> Result<bool, String> {
+        Err("built without the debuginfod feature (no HTTP client)".into())
+    }
+
     /// Writes the body of a 200 answer to `to`: true; false for 404 (the
     /// server does not have it); an error for anything else, a body over
     /// the size cap included.
+    #[cfg(feature = "debuginfod")]
     fn download(&self, url: &str, to: &Path) -> Result<bool, String> {
         let mut response = self.agent.get(url).call().map_err(|e| e.to_string())?;
         match response.status().as_u16() {

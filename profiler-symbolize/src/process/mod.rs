@@ -46,7 +46,7 @@ pub fn is_go_binary(file: &std::fs::File) -> bool {
     let Ok(data) = (unsafe { memmap2::Mmap::map(file) }) else {
         return false;
     };
-    ::object::File::parse(&*data).is_ok_and(|elf| crate::symbolize::elf::looks_like_go(&elf))
+    ::object::File::parse(&*data).is_ok_and(|elf| crate::elf::looks_like_go(&elf))
 }
 
 /// An executable mapping of a process.

@@ -23,8 +23,8 @@ use profiler_common::unwind::{
     UnwindRule,
 };
 
-use super::cfi::Arch;
-use super::table::{ObjectTable, TableRow};
+use crate::cfi::Arch;
+use crate::table::{ObjectTable, TableRow};
 
 /// What the unwinder needs of one Go function.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,7 +78,7 @@ const CGOCALLBACK: &str = "runtime.cgocallback";
 
 /// Rows for every function of a Go binary's pclntab; None for an
 /// architecture whose rules are not written (32-bit).
-pub fn rows_for(symbols: &crate::symbolize::go::GoSymbols) -> Option<(ObjectTable, u64, u64)> {
+pub fn rows_for(symbols: &profiler_symbolize::go::GoSymbols) -> Option<(ObjectTable, u64, u64)> {
     let arch = match (symbols.pc_quantum(), symbols.pointer_size()) {
         (1, 8) => Arch::X86_64,
         (4, 8) => Arch::Aarch64,

@@ -29,7 +29,7 @@ use profiler_common::unwind::{
     RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_PLT, RULE_ROOT, RULE_SIGNAL, UnwindRule,
 };
 
-use super::table::{ObjectTable, TableRow};
+use crate::table::{ObjectTable, TableRow};
 
 /// The instruction set whose registers the CFI names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,7 @@ pub enum CfiSource {
 /// `.debug_frame`. None when it has neither (or no FDE in them).
 pub fn rows_of(file: &object::File<'_>) -> Option<(ObjectTable, CfiStats, CfiSource)> {
     let arch = Arch::of(file)?;
-    if let Some((data, bases)) = crate::symbolize::elf::fde::eh_frame_section(file) {
+    if let Some((data, bases)) = profiler_symbolize::elf::fde::eh_frame_section(file) {
         let mut eh_frame = EhFrame::new(&data, gimli::LittleEndian);
         eh_frame.set_address_size(8);
         let (table, stats) = convert(&eh_frame, &bases, arch);
@@ -482,8 +482,8 @@ pub fn check_invariants(bytes: &[u8], address: u64, arch: Arch) {
         convert(&debug_frame, &BaseAddresses::default(), arch),
     ] {
         assert!(table.rows.windows(2).all(|w| w[0].address < w[1].address));
-        let mut rules = super::table::RuleSet::default();
-        let Some(paged) = super::table::PagedTable::build(&table, &mut rules) else {
+        let mut rules = crate::table::RuleSet::default();
+        let Some(paged) = crate::table::PagedTable::build(&table, &mut rules) else {
             continue;
         };
         for page in &paged.pages {

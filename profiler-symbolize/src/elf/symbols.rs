@@ -229,7 +229,7 @@ mod tests {
     }
 
     fn symbols_of(binary: &Path) -> ElfSymbols {
-        let data: crate::symbolize::FileBytes = std::sync::Arc::new(std::fs::read(binary).unwrap());
+        let data: crate::FileBytes = std::sync::Arc::new(std::fs::read(binary).unwrap());
         let file = object::File::parse((*data).as_ref()).unwrap();
         ElfSymbols::from_object(&file, &data)
     }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use object::Object;
 
-use super::cfi::{self, Arch, CfiSource, CfiStats};
-use super::table::ObjectTable;
+use crate::cfi::{self, Arch, CfiSource, CfiStats};
+use crate::table::ObjectTable;
 
 /// Where an object's rows came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +48,7 @@ pub enum NoTable {
 /// Where a separate debug file may be looked for: beside the object, in
 /// its process's root.
 pub struct DebugSearch<'a> {
-    pub object: &'a crate::process::ObjectFile,
+    pub object: &'a profiler_symbolize::process::ObjectFile,
 }
 
 /// Builds the table of the object in `map` (the file mapped read-only).
@@ -94,13 +94,13 @@ fn build_unguarded(
         };
         (table, stats, source)
     });
-    let go = crate::symbolize::elf::looks_like_go(&file)
+    let go = profiler_symbolize::elf::looks_like_go(&file)
         .then(|| match map {
-            Some(map) => crate::symbolize::go::GoSymbols::from_mapped(&file, map).ok(),
-            None => crate::symbolize::go::GoSymbols::from_file(&file).ok(),
+            Some(map) => profiler_symbolize::go::GoSymbols::from_mapped(&file, map).ok(),
+            None => profiler_symbolize::go::GoSymbols::from_file(&file).ok(),
         })
         .flatten()
-        .and_then(|symbols| super::go::rows_for(&symbols));
+        .and_then(|symbols| crate::go::rows_for(&symbols));
     if cfi.is_none()
         && go.is_none()
         && let Some(search) = debug
@@ -134,7 +134,7 @@ fn debug_file_rows(
     file: &object::File<'_>,
     search: &DebugSearch<'_>,
 ) -> Option<(ObjectTable, CfiStats, TableSource)> {
-    let (_, handle) = crate::symbolize::dwarf::find_debug_file(file, search.object)?;
+    let (_, handle) = profiler_symbolize::dwarf::find_debug_file(file, search.object)?;
     // SAFETY: a read-only private mapping of a file we only read (see
     // symbolize::map_file for the truncation caveat).
     let map = unsafe { memmap2::Mmap::map(&handle) }.ok()?;

@@ -11,7 +11,7 @@ use object::{Object, ObjectSection};
 use super::sections::{SectionData, SectionReader};
 use super::units::Dwarf;
 use super::{DwarfSymbols, demangle};
-use crate::symbolize::frame::{Frame, Resolver};
+use crate::frame::{Frame, Resolver};
 
 /// This machine's libc.
 pub(super) const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
@@ -142,7 +142,7 @@ impl Oracle {
                 file: location.and_then(|l| l.file).map(str::to_string),
                 line: location.and_then(|l| l.line),
                 inlined: true,
-                source: crate::symbolize::frame::NameSource::Dwarf,
+                source: crate::frame::NameSource::Dwarf,
             });
         }
         let last = frames.last_mut()?;

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::contained::Root;
-use crate::symbolize::perf_map::PerfMap;
+use crate::perf_map::PerfMap;
 
 /// Largest perf map read (a long-running Node.js service with
 /// `--perf-basic-prof` writes tens of MiB); a bigger one is reported and
