@@ -31,13 +31,14 @@ pub enum ConfigError {
 }
 
 /// The whole configuration, defaults filled in.
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Samples per second on each CPU.
     pub frequency_hz: u64,
     /// Length of one window: each window becomes one profile per service.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub window: Duration,
     /// Processes to profile; empty profiles the whole node.
     pub pids: Vec<u32>,
@@ -54,7 +55,7 @@ pub struct Config {
     /// Longest `seconds=` a pull may ask for.
     pub max_pull_seconds: u64,
     /// After SIGTERM: how long to deliver the last window.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub grace_period: Duration,
     /// `text` or `json`.
     pub log_format: LogFormat,
@@ -65,9 +66,9 @@ pub struct Config {
     pub unwind_table_mib: u64,
     /// Also record off-CPU time (see `sampling::OffCpuConfig`).
     pub off_cpu: bool,
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub off_cpu_min: Duration,
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub off_cpu_period: Duration,
     /// Above this many tracked processes (or `max_objects` open object
     /// files), the sampler is restarted at the next window boundary so
@@ -87,6 +88,7 @@ pub struct Config {
     pub probes: Vec<ProbeConfig>,
 }
 
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -107,6 +109,7 @@ impl std::str::FromStr for LogFormat {
 }
 
 /// Writes each window's profiles as files, oldest deleted first.
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DirectoryConfig {
@@ -121,6 +124,7 @@ pub struct DirectoryConfig {
 }
 
 /// Pushes each window to Pyroscope (`POST /push.v1.PusherService/Push`).
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PyroscopeConfig {
@@ -134,6 +138,7 @@ pub struct PyroscopeConfig {
 }
 
 /// Exports each window as OTLP profiles (`ProfilesService/Export`).
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpConfig {
@@ -149,6 +154,7 @@ pub struct OtlpConfig {
 }
 
 /// The OTLP transports, named as `OTEL_EXPORTER_OTLP_PROTOCOL` names them.
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 pub enum OtlpProtocol {
     #[serde(rename = "grpc")]
@@ -176,6 +182,7 @@ impl std::str::FromStr for OtlpProtocol {
 /// arrived). Each key set wins over elfutils' variable of the same meaning
 /// (`DEBUGINFOD_URLS`, `DEBUGINFOD_CACHE_PATH`, `DEBUGINFOD_TIMEOUT`,
 /// `DEBUGINFOD_MAXSIZE`).
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
 #[serde(deny_unknown_fields, default)]
 pub struct DebuginfodSection {
@@ -185,7 +192,7 @@ pub struct DebuginfodSection {
     /// `$XDG_CACHE_HOME/debuginfod_client`.
     pub cache: PathBuf,
     /// Per request; empty: `DEBUGINFOD_TIMEOUT`, else 10s.
-    #[serde(with = "humantime_serde_compat::optional")]
+    #[serde(with = "optional_duration")]
     pub timeout: Option<Duration>,
     /// Largest debug file accepted, in bytes; 0: `DEBUGINFOD_MAXSIZE`,
     /// else 1 GiB.
@@ -204,6 +211,7 @@ impl DebuginfodSection {
 }
 
 /// Go pprof labels on samples (see `golabels`).
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GoLabelsSection {
@@ -235,6 +243,7 @@ impl GoLabelsSection {
 }
 
 /// How a push exporter talks HTTP.
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
@@ -247,7 +256,7 @@ pub struct HttpConfig {
     /// PEM file of CA certificates to trust instead of the Mozilla roots.
     pub ca_file: PathBuf,
     /// Per request, connect to last byte.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub timeout: Duration,
 }
 
@@ -615,41 +624,39 @@ impl Config {
     }
 }
 
-/// Durations in the file are humantime strings ("15s", "500ms", "2m").
-mod humantime_serde_compat {
+/// Durations in the file are humantime strings ("15s", "500ms", "2m"),
+/// read by humantime-serde; this one also takes an empty string for none
+/// (which humantime-serde's `Option` support does not).
+mod optional_duration {
     use std::time::Duration;
 
     use serde::{Deserialize, Deserializer};
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!("{text:?} is not a duration like 15s or 500ms: {e}"))
-        })
+    /// For the config-keys test, which reads the keys from the model.
+    #[cfg(test)]
+    pub fn serialize<S: serde::Serializer>(
+        value: &Option<Duration>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        let text = value.map(|d| humantime::format_duration(d).to_string());
+        s.serialize_str(&text.unwrap_or_default())
     }
 
-    /// The same, or empty for none.
-    pub mod optional {
-        use std::time::Duration;
-
-        use serde::{Deserialize, Deserializer};
-
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-            let text = String::deserialize(d)?;
-            if text.trim().is_empty() {
-                return Ok(None);
-            }
-            humantime::parse_duration(&text).map(Some).map_err(|e| {
-                serde::de::Error::custom(format!(
-                    "{text:?} is not a duration like 15s or 500ms: {e}"
-                ))
-            })
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let text = String::deserialize(d)?;
+        if text.trim().is_empty() {
+            return Ok(None);
         }
+        humantime::parse_duration(&text).map(Some).map_err(|e| {
+            serde::de::Error::custom(format!("{text:?} is not a duration like 15s or 500ms: {e}"))
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
     use super::*;
 
     fn example_path() -> PathBuf {
@@ -666,144 +673,80 @@ mod tests {
         assert!(!config.directory.path.as_os_str().is_empty());
     }
 
+    /// The keys of each section as the model names them: read from the
+    /// config types themselves (serialized, so renames and flattened
+    /// sections count), with one `[[probes]]` entry so its keys appear.
+    fn model_keys() -> BTreeMap<String, BTreeSet<String>> {
+        let mut config = Config::default();
+        config
+            .probes
+            .push(toml::from_str("name = \"x\"\nstart = \"uprobe:/bin/true:main\"").unwrap());
+        let serde_json::Value::Object(top) = serde_json::to_value(&config).unwrap() else {
+            panic!("the config does not serialize to a table");
+        };
+        let mut sections: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (key, value) in top {
+            let table = match &value {
+                serde_json::Value::Object(table) => Some(table),
+                serde_json::Value::Array(items) => items.first().and_then(|v| v.as_object()),
+                _ => None,
+            };
+            match table {
+                Some(table) => {
+                    let keys = table.keys().cloned().collect();
+                    sections.insert(key, keys);
+                }
+                None => {
+                    sections.entry(String::new()).or_default().insert(key);
+                }
+            }
+        }
+        sections
+    }
+
+    /// The keys the example sets or shows (commented), per section header
+    /// (`[name]`, `[[name]]`, commented or not); "" before the first.
+    fn documented_keys(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+        let mut sections: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut section = String::new();
+        sections.insert(section.clone(), BTreeSet::new());
+        for line in text.lines() {
+            let line = line.trim_start_matches('#').trim();
+            if let Some(name) = line.strip_prefix('[') {
+                section = name.trim_matches(|c| c == '[' || c == ']').to_string();
+                sections.entry(section.clone()).or_default();
+            } else if let Some((key, _)) = line.split_once(" =")
+                && !key.is_empty()
+                && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            {
+                sections.get_mut(&section).unwrap().insert(key.to_string());
+            }
+        }
+        sections
+    }
+
     #[test]
     fn the_example_config_sets_every_key() {
-        // Documented "key by key": every key of the model appears in the
-        // example, so a new key cannot be added without documenting it.
+        // Documented "key by key": every key of the model appears in its
+        // section of the example, so a new key cannot be added without
+        // documenting it, and the example names no key the model lacks.
         let text = std::fs::read_to_string(example_path()).unwrap();
-        let value: toml::Table = toml::from_str(&text).unwrap();
-        let top = [
-            "frequency_hz",
-            "window",
-            "pids",
-            "cgroups",
-            "namespaces",
-            "node",
-            "listen",
-            "max_pull_seconds",
-            "grace_period",
-            "log_format",
-            "frame_pointers_only",
-            "unwind_table_mib",
-            "off_cpu",
-            "off_cpu_min",
-            "off_cpu_period",
-            "max_processes",
-            "max_objects",
-        ];
-        for key in top {
+        let model = model_keys();
+        let documented = documented_keys(&text);
+        assert!(model.len() > 5 && model[""].len() > 10, "{model:?}");
+        for (section, keys) in &model {
+            let Some(shown) = documented.get(section) else {
+                panic!("section [{section}] is not in the example");
+            };
+            let missing: Vec<_> = keys.difference(shown).collect();
+            let unknown: Vec<_> = shown.difference(keys).collect();
             assert!(
-                text.contains(&format!("{key} =")),
-                "{key} is not documented"
+                missing.is_empty() && unknown.is_empty(),
+                "[{section}]: not documented {missing:?}; documented but not in the model {unknown:?}"
             );
         }
-        for key in ["path", "max_files", "max_bytes", "queue_size"] {
-            assert!(
-                text.contains(&format!("{key} =")),
-                "directory.{key} is not documented"
-            );
-        }
-        for key in [
-            "url",
-            "tenant_id",
-            "basic_auth_username",
-            "basic_auth_password",
-            "bearer_token",
-            "ca_file",
-            "timeout",
-            "max_attempts",
-        ] {
-            assert!(
-                text.contains(&format!("{key} =")),
-                "pyroscope.{key} is not documented"
-            );
-        }
-        let kubernetes = text
-            .split("[kubernetes]")
-            .nth(1)
-            .expect("a [kubernetes] section")
-            .split("[[probes]]")
-            .next()
-            .unwrap();
-        let auth = text.split("[auth]").nth(1).expect("an [auth] section");
-        for key in [
-            "web_config_file",
-            "bearer_token_file",
-            "kubernetes",
-            "cache_seconds",
-        ] {
-            assert!(
-                auth.contains(&format!("{key} =")),
-                "auth.{key} is not documented"
-            );
-        }
-        let debuginfod = text
-            .split("[debuginfod]")
-            .nth(1)
-            .expect("a [debuginfod] section");
-        for key in ["urls", "cache", "timeout", "max_bytes"] {
-            assert!(
-                debuginfod.contains(&format!("{key} =")),
-                "debuginfod.{key} is not documented"
-            );
-        }
-        let go_labels = text
-            .split("[go_labels]")
-            .nth(1)
-            .expect("a [go_labels] section");
-        for key in ["enabled", "keys", "goroutine"] {
-            assert!(
-                go_labels.contains(&format!("{key} =")),
-                "go_labels.{key} is not documented"
-            );
-        }
-        for key in ["enabled", "api_url", "token_file", "ca_file", "timeout"] {
-            assert!(
-                kubernetes.contains(&format!("{key} =")),
-                "kubernetes.{key} is not documented"
-            );
-        }
-        let probes = text
-            .split("[[probes]]")
-            .nth(1)
-            .expect("a [[probes]] example");
-        for key in [
-            "name",
-            "start",
-            "end",
-            "count",
-            "pid",
-            "unit",
-            "by",
-            "linear",
-            "budget",
-            "reattach_after",
-        ] {
-            assert!(
-                probes.contains(&format!("{key} =")),
-                "probes.{key} is not documented"
-            );
-        }
-        let otlp = text.split("[otlp]").nth(1).expect("an [otlp] section");
-        let otlp = otlp.split("[kubernetes]").next().unwrap();
-        for key in [
-            "url",
-            "protocol",
-            "tenant_id",
-            "basic_auth_username",
-            "basic_auth_password",
-            "bearer_token",
-            "ca_file",
-            "timeout",
-            "queue_size",
-            "max_attempts",
-        ] {
-            assert!(
-                otlp.contains(&format!("{key} =")),
-                "otlp.{key} is not documented"
-            );
-        }
-        assert!(value.contains_key("directory"));
+        let sections: BTreeSet<_> = model.keys().collect();
+        assert_eq!(sections, documented.keys().collect::<BTreeSet<_>>());
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, plan};
 use crate::probes::spec::ProbeSpec;
 
 /// One `[[probes]]` entry.
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProbeConfig {

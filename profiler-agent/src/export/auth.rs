@@ -30,6 +30,7 @@ use serde::Deserialize;
 use crate::continuous::kubernetes::KubernetesConfig;
 
 /// `[auth]` of the agent's configuration.
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {

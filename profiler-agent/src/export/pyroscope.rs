@@ -110,13 +110,7 @@ impl Exporter for PyroscopeExporter {
 
 /// A random (version 4) UUID.
 fn uuid_v4() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut bytes = [0u8; 16];
-    for (i, half) in bytes.chunks_mut(8).enumerate() {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_usize(i);
-        half.copy_from_slice(&hasher.finish().to_le_bytes());
-    }
+    let mut bytes = fastrand::u128(..).to_le_bytes();
     bytes[6] = (bytes[6] & 0x0f) | 0x40;
     bytes[8] = (bytes[8] & 0x3f) | 0x80;
     let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();

@@ -210,16 +210,7 @@ pub fn backoff(failures: u32) -> Duration {
     let exponent = failures.saturating_sub(1).min(16);
     let full = BACKOFF_BASE.saturating_mul(1 << exponent).min(BACKOFF_MAX);
     let half = full / 2;
-    half + half.mul_f64(random_unit())
-}
-
-/// A random number in [0, 1) without a dependency: std's randomly seeded
-/// hasher.
-fn random_unit() -> f64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(Instant::now().elapsed().as_nanos() as u64);
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
+    half + half.mul_f64(fastrand::f64())
 }
 
 #[cfg(test)]

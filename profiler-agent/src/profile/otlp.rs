@@ -349,13 +349,7 @@ fn build_id_key(build_id: &str) -> Option<&'static str> {
 
 /// A 16-byte random id (never all zeroes: the spec calls that invalid).
 fn random_id() -> Vec<u8> {
-    use std::hash::{BuildHasher, Hasher};
-    let mut id = Vec::with_capacity(16);
-    for i in 0..2u8 {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u8(i);
-        id.extend_from_slice(&hasher.finish().to_le_bytes());
-    }
+    let mut id = fastrand::u128(..).to_le_bytes().to_vec();
     id[0] |= 1;
     id
 }

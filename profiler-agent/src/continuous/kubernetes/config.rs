@@ -2,6 +2,7 @@
 
 use super::*;
 
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum KubernetesMode {
@@ -27,6 +28,7 @@ impl std::str::FromStr for KubernetesMode {
 }
 
 /// The `[kubernetes]` section.
+#[cfg_attr(test, derive(serde::Serialize))]
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KubernetesConfig {
@@ -41,7 +43,7 @@ pub struct KubernetesConfig {
     pub ca_file: PathBuf,
     /// Connecting, the answer's headers, and reading a whole list. A watch
     /// may last `WATCH_SECONDS` plus this.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub timeout: Duration,
 }
 
@@ -54,18 +56,5 @@ impl Default for KubernetesConfig {
             ca_file: "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt".into(),
             timeout: Duration::from_secs(10),
         }
-    }
-}
-
-pub(super) mod humantime_serde_compat {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer};
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(|e| {
-            serde::de::Error::custom(format!("{text:?} is not a duration like 10s or 500ms: {e}"))
-        })
     }
 }

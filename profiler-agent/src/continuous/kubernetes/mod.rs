@@ -21,7 +21,6 @@ mod tests;
 mod watch;
 
 use std::collections::{HashMap, HashSet};
-use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

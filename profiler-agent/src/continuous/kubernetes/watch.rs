@@ -368,6 +368,5 @@ impl WatchLoop {
 /// 75% to 125% of `duration`, so agents restarted together do not retry
 /// together.
 pub(super) fn jitter(duration: Duration) -> Duration {
-    let random = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
-    duration.mul_f64(0.75 + (random % 1000) as f64 / 2000.0)
+    duration.mul_f64(0.75 + fastrand::f64() / 2.0)
 }
