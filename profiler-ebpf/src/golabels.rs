@@ -25,7 +25,7 @@ use profiler_common::{
     },
 };
 
-use crate::{arch, bump};
+use crate::{bump, machine};
 
 /// Set by the loader: non-zero reads Go labels. A read-only global, so
 /// the verifier drops the whole path when it is off.
@@ -249,7 +249,7 @@ fn copy_string<const N: usize>(dst: &mut [u8; N], src: u64, len: u64) -> bool {
 /// user half).
 #[inline(always)]
 fn plausible(address: u64) -> bool {
-    address >= 4096 && address < arch::USER_LIMIT
+    address >= 4096 && address < machine::USER_LIMIT
 }
 
 #[inline(always)]

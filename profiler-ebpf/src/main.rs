@@ -15,7 +15,7 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
-mod arch;
+mod machine;
 mod golabels;
 mod offcpu;
 mod unwind;
@@ -115,7 +115,7 @@ fn record_sample(ctx: &PerfEventContext) {
         if kernel_frames > 0 {
             flags |= SAMPLE_FLAG_IN_KERNEL;
         }
-        let regs = arch::user_regs();
+        let regs = machine::user_regs();
         let walk =
             unwind::walk_user_stack(unwind::WALK_SAMPLING, pid, &regs, sample, kernel_frames);
         let (user_frames, user_end) = (walk.frames, walk.end);

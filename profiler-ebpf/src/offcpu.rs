@@ -23,7 +23,7 @@ use profiler_common::{
     SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_OFF_CPU, Sample,
 };
 
-use crate::{KERNEL_STACK_BYTES, arch, bump, send, traced, unwind};
+use crate::{KERNEL_STACK_BYTES, bump, machine, send, traced, unwind};
 
 /// Intervals shorter than this are not recorded (set by the loader).
 #[unsafe(no_mangle)]
@@ -174,7 +174,7 @@ pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
             return 0;
         }
         let kernel_frames = ((*record).kernel_frames as u32).min(MAX_STACK_DEPTH as u32);
-        let regs = arch::saved_user().regs;
+        let regs = machine::saved_user().regs;
         let walk = unwind::walk_user_stack(unwind::WALK_SYSCALL, pid, &regs, record, kernel_frames);
         (*record).pid = pid;
         (*record).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
@@ -215,7 +215,7 @@ fn switched_out(
         comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
         THREAD_KERNEL
     } else {
-        let saved = arch::saved_user();
+        let saved = machine::saved_user();
         if saved.in_system_call {
             THREAD_IN_SYSCALL
         } else if walk_now(ctx, &saved.regs, pid, tid, state) {

@@ -27,7 +27,7 @@ use profiler_common::unwind::{
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
-use crate::{arch, bump};
+use crate::{bump, machine};
 
 /// `BPF_F_MMAPABLE`: user space writes the tables through a shared
 /// mapping of the arrays, with no system call per row.
@@ -133,7 +133,7 @@ pub fn walk_user_stack(
         unknown_leaf: false,
     };
     // A kernel thread has no user registers worth walking.
-    if regs.pc == 0 || regs.pc >= arch::USER_LIMIT {
+    if regs.pc == 0 || regs.pc >= machine::USER_LIMIT {
         return nothing;
     }
     let Some(state) = WALK.get_ptr_mut(slot) else {
@@ -144,7 +144,7 @@ pub fn walk_user_stack(
         (*state).pc = regs.pc;
         (*state).sp = regs.sp;
         (*state).fp = regs.fp;
-        (*state).lr = arch::strip_pointer_auth(regs.lr);
+        (*state).lr = machine::strip_pointer_auth(regs.lr);
         (*state).go_g = regs.go_g;
         (*state).mapping.start = 0;
         (*state).mapping.end = 0;
@@ -298,7 +298,7 @@ fn read_pair(address: u64) -> Result<[u64; 2], ()> {
 /// Moves to the caller at `pc`; a return address of 0 ends the stack.
 #[inline(always)]
 fn return_to(state: &mut WalkState, return_address: u64) -> Step {
-    state.pc = arch::strip_pointer_auth(return_address);
+    state.pc = machine::strip_pointer_auth(return_address);
     // Only the first frame (or one a signal interrupted) has its return
     // address in the link register.
     state.lr = 0;
@@ -321,9 +321,9 @@ fn frame_pointer_step(state: &mut WalkState) -> Result<Step, ()> {
     // One read of the whole two-word record: half the helper calls of
     // reading the words one by one (the walker's main per-frame cost).
     let record = read_pair(fp)?;
-    let return_address = record[(arch::FRAME_RECORD_RETURN_ADDRESS / 8) as usize];
-    state.fp = record[(arch::FRAME_RECORD_CALLER_FP / 8) as usize];
-    state.sp = fp + arch::FRAME_RECORD_SIZE;
+    let return_address = record[(machine::FRAME_RECORD_RETURN_ADDRESS / 8) as usize];
+    state.fp = record[(machine::FRAME_RECORD_CALLER_FP / 8) as usize];
+    state.sp = fp + machine::FRAME_RECORD_SIZE;
     if return_address == 0 {
         return Ok(Step::End(UserStackEnd::NoTable));
     }
@@ -344,7 +344,7 @@ fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step,
     // The caller's frame is above this one. With the return address still
     // in the link register (arm64 leaves) the frame may be empty.
     let in_lr = rule.ra_offset == 0;
-    if cfa < state.sp || (cfa == state.sp && !in_lr) || cfa >= arch::USER_LIMIT {
+    if cfa < state.sp || (cfa == state.sp && !in_lr) || cfa >= machine::USER_LIMIT {
         return Ok(Step::End(UserStackEnd::TableStop));
     }
     let fp_lost = rule.flags & RULE_FLAG_FP_LOST != 0;
@@ -390,21 +390,21 @@ fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step,
 #[inline(always)]
 fn signal_step(state: &mut WalkState) -> Result<Step, ()> {
     let frame = state.sp;
-    let pc = read_user(frame + arch::SIGNAL_PC)?;
-    let sp = read_user(frame + arch::SIGNAL_SP)?;
-    let fp = read_user(frame + arch::SIGNAL_FP)?;
-    let lr = match arch::SIGNAL_LR {
+    let pc = read_user(frame + machine::SIGNAL_PC)?;
+    let sp = read_user(frame + machine::SIGNAL_SP)?;
+    let fp = read_user(frame + machine::SIGNAL_FP)?;
+    let lr = match machine::SIGNAL_LR {
         Some(offset) => read_user(frame + offset)?,
         None => 0,
     };
-    if pc == 0 || pc >= arch::USER_LIMIT {
+    if pc == 0 || pc >= machine::USER_LIMIT {
         return Ok(Step::End(UserStackEnd::TableStop));
     }
     // The handler may have run on an alternate stack: SP may go anywhere.
     state.sp = sp;
     state.fp = fp;
-    state.pc = arch::strip_pointer_auth(pc);
-    state.lr = arch::strip_pointer_auth(lr);
+    state.pc = machine::strip_pointer_auth(pc);
+    state.lr = machine::strip_pointer_auth(lr);
     state.exact_pc = 1;
     Ok(Step::Next)
 }
@@ -427,7 +427,7 @@ fn cgocall_step(state: &mut WalkState, rule: &UnwindRule) -> Result<Step, ()> {
         read_user(g + 8)?.wrapping_sub(depth)
     };
     let cfa = saved_sp.wrapping_add(rule.ra_offset as i64 as u64 + 8);
-    if saved_sp == 0 || cfa >= arch::USER_LIMIT {
+    if saved_sp == 0 || cfa >= machine::USER_LIMIT {
         return Ok(Step::End(UserStackEnd::TableStop));
     }
     let return_address = read_user(cfa - 8)?;
@@ -443,7 +443,7 @@ fn cgocall_step(state: &mut WalkState, rule: &UnwindRule) -> Result<Step, ()> {
 #[inline(always)]
 fn system_stack_of(state: &WalkState) -> Result<Option<u64>, ()> {
     let g = state.go_g;
-    if g == 0 || g >= arch::USER_LIMIT {
+    if g == 0 || g >= machine::USER_LIMIT {
         return Ok(None);
     }
     let bounds = read_pair(g)?; // g.stack.lo, g.stack.hi
@@ -451,15 +451,15 @@ fn system_stack_of(state: &WalkState) -> Result<Option<u64>, ()> {
         return Ok(None);
     }
     let m = read_user(g + 48)?;
-    if m == 0 || m >= arch::USER_LIMIT {
+    if m == 0 || m >= machine::USER_LIMIT {
         return Ok(None);
     }
     let g0 = read_user(m)?;
-    if g0 == 0 || g0 >= arch::USER_LIMIT {
+    if g0 == 0 || g0 >= machine::USER_LIMIT {
         return Ok(None);
     }
     let sp = read_user(g0 + 56)?;
-    Ok((sp != 0 && sp < arch::USER_LIMIT).then_some(sp))
+    Ok((sp != 0 && sp < machine::USER_LIMIT).then_some(sp))
 }
 
 /// The rule covering `pc`: from its process's tables, or the frame-pointer

@@ -13,7 +13,7 @@ use profiler_common::latency::{
 };
 
 use super::histogram::{Layout, Unit};
-use crate::probes::arch::Arch;
+use crate::probes::registers::Arch;
 use crate::probes::args::{ArgSpec, Location};
 use crate::probes::attach::UprobeTarget;
 use crate::probes::functions::{FunctionError, FunctionTable};

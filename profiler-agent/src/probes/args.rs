@@ -17,7 +17,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::arch::{Arch, Register};
+use super::registers::{Arch, Register};
 
 /// One argument of a probe site.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
-use super::arch::Arch;
+use super::registers::Arch;
 use super::spec::{glob_match, is_glob, suggest};
 use crate::symbolize::demangle::{demangle, demangle_base};
 use crate::symbolize::go::GoSymbols;

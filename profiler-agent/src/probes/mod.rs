@@ -4,7 +4,7 @@
 //! - [`usdt`]: probe sites from `.note.stapsdt` (file offset to attach at,
 //!   semaphore file offset for the kernel's `ref_ctr_offset`).
 //! - [`args`]: argument specs (`-4@%edi`, `8@[sp, 16]`) to typed locations,
-//!   registers as `struct pt_regs` offsets ([`arch`]).
+//!   registers as `struct pt_regs` offsets ([`registers`]).
 //! - [`spec`]: `usdt:PATH:PROVIDER:NAME` / `uprobe:PATH:SYMBOL` specs,
 //!   globs, near-match suggestions.
 //! - [`target`]: the objects a running process maps, where its probes live.
@@ -21,7 +21,7 @@
 //! The README's "Probes" and "Latency histograms" sections say what is
 //! supported and how it was checked.
 
-pub mod arch;
+pub mod registers;
 pub mod args;
 pub mod attach;
 pub mod functions;
@@ -30,7 +30,7 @@ pub mod spec;
 pub mod target;
 pub mod usdt;
 
-pub use arch::{Arch, Register};
+pub use registers::{Arch, Register};
 pub use args::{ArgSpec, ArgSpecError, Location, ScaledIndex, parse_args};
 pub use spec::{ProbeSpec, SpecError, Target, glob_match, suggest};
 pub use usdt::{Semaphore, UsdtError, UsdtProbe, UsdtProbes, read_probes, read_probes_as};

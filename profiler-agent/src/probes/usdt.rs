@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SegmentFlags};
 use serde::Serialize;
 
-use super::arch::Arch;
+use super::registers::Arch;
 use super::args::{ArgSpec, ArgSpecError, Location, parse_args};
 
 /// The note owner and type `sys/sdt.h` writes.

@@ -36,9 +36,9 @@
 mod args;
 // The sampling object's register reader and stack walker, compiled into
 // this object too (with its own unwind-table maps).
-#[path = "../arch.rs"]
+#[path = "../machine.rs"]
 #[allow(dead_code)]
-mod arch;
+mod machine;
 #[path = "../unwind.rs"]
 mod unwind;
 
@@ -365,7 +365,7 @@ fn record_stack(tgid: u32) -> u64 {
     let Some(sample) = STACK_SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
-    let regs = arch::user_regs();
+    let regs = machine::user_regs();
     let walk = unwind::walk_user_stack(unwind::WALK_SAMPLING, tgid, &regs, sample, 0);
     let frames = (walk.frames as usize).min(MAX_PROBE_STACK_FRAMES);
     if frames == 0 {
