@@ -15,8 +15,8 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
-mod machine;
 mod golabels;
+mod machine;
 mod offcpu;
 mod unwind;
 

@@ -8,41 +8,23 @@ use super::http_client::{ClientError, HttpClient};
 use super::{Batch, ExportError, Exporter};
 use crate::continuous::config::PyroscopeConfig;
 
-/// push/v1/push.proto and types/v1/types.proto, written out by hand like
-/// the pprof messages (no protoc at build time). Field numbers are the
-/// protos'.
+/// push/v1/push.proto and types/v1/types.proto, generated from `proto/`
+/// at build time.
 pub mod proto {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct PushRequest {
-        #[prost(message, repeated, tag = "1")]
-        pub series: Vec<RawProfileSeries>,
+    // Nested as the proto packages are: generated code names types.v1's
+    // messages through `super::super::types::v1`.
+    pub mod types {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/types.v1.rs"));
+        }
     }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RawProfileSeries {
-        #[prost(message, repeated, tag = "1")]
-        pub labels: Vec<LabelPair>,
-        #[prost(message, repeated, tag = "2")]
-        pub samples: Vec<RawSample>,
+    pub mod push {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/push.v1.rs"));
+        }
     }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct LabelPair {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(string, tag = "2")]
-        pub value: String,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct RawSample {
-        /// gzip-compressed pprof.
-        #[prost(bytes = "vec", tag = "1")]
-        pub raw_profile: Vec<u8>,
-        /// `ID` in the proto: a unique id of this sample (a UUID).
-        #[prost(string, tag = "2")]
-        pub id: String,
-    }
+    pub use push::v1::{PushRequest, RawProfileSeries, RawSample};
+    pub use types::v1::LabelPair;
 }
 
 const PUSH_PATH: &str = "/push.v1.PusherService/Push";

@@ -13,10 +13,10 @@ use profiler_common::latency::{
 };
 
 use super::histogram::{Layout, Unit};
-use crate::probes::registers::Arch;
 use crate::probes::args::{ArgSpec, Location};
 use crate::probes::attach::UprobeTarget;
 use crate::probes::functions::{FunctionError, FunctionTable};
+use crate::probes::registers::Arch;
 use crate::probes::spec::{ProbeSpec, Target, glob_match, suggest};
 use crate::probes::target::{TargetError, find_by_name, mapped_objects};
 use crate::probes::usdt::{UsdtError, read_probes_as};

@@ -21,16 +21,16 @@
 //! The README's "Probes" and "Latency histograms" sections say what is
 //! supported and how it was checked.
 
-pub mod registers;
 pub mod args;
 pub mod attach;
 pub mod functions;
 pub mod ldcache;
+pub mod registers;
 pub mod spec;
 pub mod target;
 pub mod usdt;
 
-pub use registers::{Arch, Register};
 pub use args::{ArgSpec, ArgSpecError, Location, ScaledIndex, parse_args};
+pub use registers::{Arch, Register};
 pub use spec::{ProbeSpec, SpecError, Target, glob_match, suggest};
 pub use usdt::{Semaphore, UsdtError, UsdtProbe, UsdtProbes, read_probes, read_probes_as};

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SegmentFlags};
 use serde::Serialize;
 
-use super::registers::Arch;
 use super::args::{ArgSpec, ArgSpecError, Location, parse_args};
+use super::registers::Arch;
 
 /// The note owner and type `sys/sdt.h` writes.
 const NOTE_OWNER: &[u8] = b"stapsdt";
