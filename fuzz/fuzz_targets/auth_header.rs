@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use profiler_agent::export::auth::{WebConfig, parse_authorization};
+use profiler_export::auth::{WebConfig, parse_authorization};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use profiler_agent::unwind::cfi::{Arch, check_invariants};
+use profiler_unwind::cfi::{Arch, check_invariants};
 
 fuzz_target!(|data: &[u8]| {
     check_invariants(data, 0x1000, Arch::X86_64);

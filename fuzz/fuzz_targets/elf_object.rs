@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use profiler_agent::symbolize::ElfObject;
+use profiler_symbolize::ElfObject;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(object) = ElfObject::parse(data) {
@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     }
     // The builder turns a panic into an error: that error is the failure.
     assert!(!matches!(
-        profiler_agent::unwind::build::build_bytes(data),
-        Err(profiler_agent::unwind::build::NoTable::Panicked)
+        profiler_unwind::build::build_bytes(data),
+        Err(profiler_unwind::build::NoTable::Panicked)
     ));
 });

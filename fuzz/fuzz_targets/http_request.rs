@@ -5,5 +5,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = profiler_agent::export::server::serve_bytes_for_fuzzing(data);
+    let _ = profiler_export::server::serve_bytes_for_fuzzing(data);
 });

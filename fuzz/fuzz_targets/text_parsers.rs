@@ -4,20 +4,20 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use profiler_agent::probes::{Arch, ArgSpec, ProbeSpec};
+use profiler_probes::{Arch, ArgSpec, ProbeSpec};
 
 fuzz_target!(|data: &[u8]| {
-    let _ = profiler_agent::probes::ldcache::parse(data);
+    let _ = profiler_probes::ldcache::parse(data);
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let _ = profiler_agent::process::parse_maps(text);
-    let _ = profiler_agent::symbolize::KernelSymbols::parse(text).lookup(0xffffffff81000000);
+    let _ = profiler_symbolize::process::parse_maps(text);
+    let _ = profiler_symbolize::KernelSymbols::parse(text).lookup(0xffffffff81000000);
     for arch in [Arch::X86_64, Arch::Arm64] {
         let _ = ArgSpec::parse(text, arch);
     }
     let _ = ProbeSpec::parse(text);
-    let jit = profiler_agent::symbolize::perf_map::PerfMap::parse(text);
+    let jit = profiler_symbolize::perf_map::PerfMap::parse(text);
     for address in [0, 0x1000, 0x7f00_0000_0000, u64::MAX] {
         let _ = jit.lookup(address);
     }

@@ -12,20 +12,23 @@
 //! agent) and `export` (its exporters and listener).
 //!
 //! `process` and `symbolize` are the profiler-symbolize crate (no BPF, no
-//! agent): re-exported here under the names the stages above use.
+//! agent), `unwind`'s tables come from profiler-unwind; `probes`,
+//! `profile` and `export` are the profiler-probes, profiler-profile and
+//! profiler-export crates: re-exported here under the names the stages
+//! above use.
 
 mod bpf_loading;
 pub mod cli;
 pub mod continuous;
-pub mod export;
 pub mod golabels;
 pub mod latency;
-pub mod probes;
-pub mod profile;
 pub mod record;
 pub mod sampling;
 pub mod unwind;
 
+pub use profiler_export as export;
+pub use profiler_probes as probes;
+pub use profiler_profile as profile;
 pub use profiler_symbolize as symbolize;
 pub use profiler_symbolize::process;
 

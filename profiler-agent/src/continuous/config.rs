@@ -14,6 +14,11 @@ use serde::Deserialize;
 
 pub use super::kubernetes::{KubernetesConfig, KubernetesMode};
 pub use super::probes::ProbeConfig;
+// Each exporter owns its section's type.
+pub use crate::export::directory::DirectoryConfig;
+pub use crate::export::http_client::HttpConfig;
+pub use crate::export::otlp::{OtlpConfig, OtlpProtocol};
+pub use crate::export::pyroscope::PyroscopeConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -108,75 +113,6 @@ impl std::str::FromStr for LogFormat {
     }
 }
 
-/// Writes each window's profiles as files, oldest deleted first.
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DirectoryConfig {
-    /// Where to write; empty disables this exporter.
-    pub path: PathBuf,
-    /// Keep at most this many profile files...
-    pub max_files: usize,
-    /// ...and at most this many bytes of them.
-    pub max_bytes: u64,
-    /// Windows waiting to be written before the oldest is dropped.
-    pub queue_size: usize,
-}
-
-/// Pushes each window to Pyroscope (`POST /push.v1.PusherService/Push`).
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct PyroscopeConfig {
-    /// Base URL, e.g. `http://pyroscope.monitoring:4040`; empty disables.
-    pub url: String,
-    #[serde(flatten)]
-    pub http: HttpConfig,
-    pub queue_size: usize,
-    /// Attempts per window before it is dropped.
-    pub max_attempts: u32,
-}
-
-/// Exports each window as OTLP profiles (`ProfilesService/Export`).
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OtlpConfig {
-    /// The receiver, e.g. `http://otel-collector:4318` for HTTP/protobuf
-    /// (`/v1development/profiles` is appended when the URL has no path) or
-    /// `http://otel-collector:4317` for gRPC; empty disables.
-    pub url: String,
-    pub protocol: OtlpProtocol,
-    #[serde(flatten)]
-    pub http: HttpConfig,
-    pub queue_size: usize,
-    pub max_attempts: u32,
-}
-
-/// The OTLP transports, named as `OTEL_EXPORTER_OTLP_PROTOCOL` names them.
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-pub enum OtlpProtocol {
-    #[serde(rename = "grpc")]
-    Grpc,
-    #[default]
-    #[serde(rename = "http/protobuf")]
-    HttpProtobuf,
-}
-
-impl std::str::FromStr for OtlpProtocol {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "grpc" => Ok(OtlpProtocol::Grpc),
-            "http/protobuf" => Ok(OtlpProtocol::HttpProtobuf),
-            _ => Err(format!(
-                "{s:?} is not an OTLP protocol: use grpc or http/protobuf"
-            )),
-        }
-    }
-}
-
 /// Debug files of stripped binaries fetched by build id from debuginfod
 /// servers, in the background (names appear in the windows after the file
 /// arrived). Each key set wins over elfutils' variable of the same meaning
@@ -242,24 +178,6 @@ impl GoLabelsSection {
     }
 }
 
-/// How a push exporter talks HTTP.
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpConfig {
-    /// Sent as `X-Scope-OrgID` (multi-tenant Pyroscope, Grafana Cloud).
-    pub tenant_id: String,
-    pub basic_auth_username: String,
-    pub basic_auth_password: String,
-    /// Sent as `Authorization: Bearer ...`.
-    pub bearer_token: String,
-    /// PEM file of CA certificates to trust instead of the Mozilla roots.
-    pub ca_file: PathBuf,
-    /// Per request, connect to last byte.
-    #[serde(with = "humantime_serde")]
-    pub timeout: Duration,
-}
-
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -288,53 +206,6 @@ impl Default for Config {
             go_labels: GoLabelsSection::default(),
             auth: Default::default(),
             probes: Vec::new(),
-        }
-    }
-}
-
-impl Default for DirectoryConfig {
-    fn default() -> Self {
-        DirectoryConfig {
-            path: PathBuf::new(),
-            max_files: 1000,
-            max_bytes: 256 << 20,
-            queue_size: 8,
-        }
-    }
-}
-
-impl Default for PyroscopeConfig {
-    fn default() -> Self {
-        PyroscopeConfig {
-            url: String::new(),
-            http: HttpConfig::default(),
-            queue_size: 8,
-            max_attempts: 5,
-        }
-    }
-}
-
-impl Default for OtlpConfig {
-    fn default() -> Self {
-        OtlpConfig {
-            url: String::new(),
-            protocol: OtlpProtocol::default(),
-            http: HttpConfig::default(),
-            queue_size: 8,
-            max_attempts: 5,
-        }
-    }
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            tenant_id: String::new(),
-            basic_auth_username: String::new(),
-            basic_auth_password: String::new(),
-            bearer_token: String::new(),
-            ca_file: PathBuf::new(),
-            timeout: Duration::from_secs(10),
         }
     }
 }

@@ -13,7 +13,6 @@
 //! never a failing agent.
 
 mod client;
-mod config;
 mod index;
 mod pod;
 #[cfg(test)]
@@ -22,21 +21,24 @@ mod watch;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use ureq::tls::{Certificate, RootCerts, TlsConfig};
+use ureq::tls::{RootCerts, TlsConfig};
 
-pub(crate) use self::client::{read_ca_certificates, read_token};
-pub use self::config::{KubernetesConfig, KubernetesMode};
+// The API connection (config, URL, token, CA) is the export crate's: the
+// listener's TokenReview uses it too.
 pub use self::index::{PodContainer, PodIndex};
-pub(crate) use self::watch::api_url;
 pub use self::watch::{Watcher, WatcherStats, start};
 use self::{client::*, pod::*, watch::*};
+pub use crate::export::kubernetes_api::{
+    KubernetesConfig, KubernetesError, KubernetesMode, api_url, api_url_from_env, percent_encode,
+    read_ca, read_ca_certificates, read_token,
+};
 
 /// The server ends each watch after this long; the next one resumes.
 const WATCH_SECONDS: u64 = 300;
@@ -45,35 +47,3 @@ const WATCH_SECONDS: u64 = 300;
 const DELETED_GRACE: Duration = Duration::from_secs(120);
 /// Bound on one watch event (etcd refuses objects above 1.5 MiB).
 const MAX_EVENT_BYTES: u64 = 16 << 20;
-
-#[derive(Debug, thiserror::Error)]
-pub enum KubernetesError {
-    #[error(
-        "no API server: KUBERNETES_SERVICE_HOST is not set and [kubernetes] api_url is empty (set api_url, or enabled = \"off\" outside a cluster)"
-    )]
-    NoApiUrl,
-    #[error("[kubernetes] api_url {url:?} is not an http:// or https:// URL")]
-    BadApiUrl { url: String },
-    #[error(
-        "no node name to select this node's pods: set NODE_NAME from the downward API (fieldRef spec.nodeName) or the `node` key"
-    )]
-    NoNode,
-    #[error(
-        "reading the service account token {path}: {source} (mount one with automountServiceAccountToken, set [kubernetes] token_file, or enabled = \"off\")"
-    )]
-    ReadToken {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "reading the CA file {path}: {source} (set [kubernetes] ca_file, empty for the system roots)"
-    )]
-    ReadCa {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("the CA file {path} holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)")]
-    NoCertificate { path: PathBuf },
-    #[error("starting the Kubernetes watcher thread: {0}")]
-    Spawn(#[source] std::io::Error),
-}

@@ -101,31 +101,6 @@ pub(super) fn start_with_env(
     }))
 }
 
-/// `https://HOST:PORT` of the in-cluster service, IPv6 hosts bracketed.
-/// The API server's URL: `[kubernetes] api_url`, else the in-cluster one.
-pub(crate) fn api_url(config: &KubernetesConfig) -> Result<String, KubernetesError> {
-    let api = if config.api_url.is_empty() {
-        api_url_from_env(&|name| std::env::var(name).ok()).ok_or(KubernetesError::NoApiUrl)?
-    } else {
-        config.api_url.clone()
-    };
-    if !api.starts_with("https://") && !api.starts_with("http://") {
-        return Err(KubernetesError::BadApiUrl { url: api });
-    }
-    Ok(api)
-}
-
-pub(super) fn api_url_from_env(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
-    let host = env("KUBERNETES_SERVICE_HOST")?;
-    let port = env("KUBERNETES_SERVICE_PORT").unwrap_or_else(|| "443".into());
-    let host = if host.contains(':') {
-        format!("[{host}]")
-    } else {
-        host
-    };
-    Some(format!("https://{host}:{port}"))
-}
-
 pub(super) enum Failure {
     /// The resource version is too old: list again.
     Gone,

@@ -16,8 +16,8 @@ use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use super::registers::Arch;
 use super::spec::{glob_match, is_glob, suggest};
-use crate::symbolize::demangle::{demangle, demangle_base};
-use crate::symbolize::go::GoSymbols;
+use profiler_symbolize::demangle::{demangle, demangle_base};
+use profiler_symbolize::go::GoSymbols;
 
 /// One function matching a symbol pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,9 +99,11 @@ impl FunctionTable {
     /// Reads `open_path` (named `display_path` in messages).
     pub fn read(open_path: &Path, display_path: &Path) -> Result<FunctionTable, FunctionError> {
         let path = display_path.to_path_buf();
-        let data = crate::process::contained::map(open_path).map_err(|e| FunctionError::Read {
-            path: path.clone(),
-            reason: e.to_string(),
+        let data = profiler_symbolize::process::contained::map(open_path).map_err(|e| {
+            FunctionError::Read {
+                path: path.clone(),
+                reason: e.to_string(),
+            }
         })?;
         let file = object::File::parse(&*data).map_err(|e| FunctionError::NotElf {
             path: path.clone(),

@@ -413,7 +413,7 @@ mod tests {
     use prost::Message;
 
     use super::*;
-    use crate::profile::{Function, Line, Location, Mapping};
+    use crate::{Function, Line, Location, Mapping};
 
     fn profile(pid: &str) -> Profile {
         Profile {

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::process::{Backing, parse_maps};
+use profiler_symbolize::process::{Backing, parse_maps};
 
 /// One object file mapped executable by a process.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,15 +9,18 @@
 //! the message, `grpc-status` in the trailers) rather than through tonic:
 //! the agent is synchronous and one call per window needs no tower stack.
 
+use crate::http_client::HttpConfig;
+use serde::Deserialize;
+
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use prost::Message;
 
-use super::http_client::{ClientError, HttpClient, auth_headers, ca_certificates};
-use super::{Batch, ExportError, Exporter};
-use crate::continuous::config::{OtlpConfig, OtlpProtocol};
-use crate::profile::otlp::{ResourceProfile, export_request};
+use crate::http_client::{ClientError, HttpClient, auth_headers, ca_certificates};
+use crate::{Batch, ExportError, Exporter};
+
+use profiler_profile::otlp::{ResourceProfile, export_request};
 
 /// Where the HTTP/protobuf binding posts when the URL has no path.
 pub const HTTP_PATH: &str = "/v1development/profiles";
@@ -357,6 +360,56 @@ mod grpc {
             14 => "UNAVAILABLE",
             16 => "UNAUTHENTICATED",
             _ => "other",
+        }
+    }
+}
+
+/// Exports each window as OTLP profiles (`ProfilesService/Export`).
+#[derive(serde::Serialize, Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OtlpConfig {
+    /// The receiver, e.g. `http://otel-collector:4318` for HTTP/protobuf
+    /// (`/v1development/profiles` is appended when the URL has no path) or
+    /// `http://otel-collector:4317` for gRPC; empty disables.
+    pub url: String,
+    pub protocol: OtlpProtocol,
+    #[serde(flatten)]
+    pub http: HttpConfig,
+    pub queue_size: usize,
+    pub max_attempts: u32,
+}
+
+/// The OTLP transports, named as `OTEL_EXPORTER_OTLP_PROTOCOL` names them.
+#[derive(serde::Serialize, Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum OtlpProtocol {
+    #[serde(rename = "grpc")]
+    Grpc,
+    #[default]
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+}
+
+impl std::str::FromStr for OtlpProtocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "grpc" => Ok(OtlpProtocol::Grpc),
+            "http/protobuf" => Ok(OtlpProtocol::HttpProtobuf),
+            _ => Err(format!(
+                "{s:?} is not an OTLP protocol: use grpc or http/protobuf"
+            )),
+        }
+    }
+}
+
+impl Default for OtlpConfig {
+    fn default() -> Self {
+        OtlpConfig {
+            url: String::new(),
+            protocol: OtlpProtocol::default(),
+            http: HttpConfig::default(),
+            queue_size: 8,
+            max_attempts: 5,
         }
     }
 }

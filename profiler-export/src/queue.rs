@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{Batch, ExportError, ExporterStats, Metrics};
+use crate::{Batch, ExportError, ExporterStats, Metrics};
 
 /// A destination for windows. Runs on its exporter's own thread.
 pub trait Exporter: Send + 'static {

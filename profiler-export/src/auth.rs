@@ -27,11 +27,11 @@ use std::time::{Duration, Instant, SystemTime};
 use base64::Engine;
 use serde::Deserialize;
 
-use crate::continuous::kubernetes::KubernetesConfig;
+use crate::kubernetes_api::KubernetesConfig;
 
 /// `[auth]` of the agent's configuration.
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+// Serialize: the agent's config-keys test reads every key from the types.
+#[derive(serde::Serialize, Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
     /// exporter-toolkit web config (TLS, basic auth); empty: none.
@@ -193,7 +193,7 @@ const MAX_CACHED: usize = 1024;
 pub struct Auth {
     web: Option<Mutex<Watched<WebConfig>>>,
     token: Option<Mutex<Watched<String>>>,
-    reviewer: Option<super::token_review::Reviewer>,
+    reviewer: Option<crate::token_review::Reviewer>,
     cache_for: Duration,
     /// (kind, credential) -> (when, decision).
     cache: Mutex<HashMap<(u8, String), (Instant, Decision)>>,
@@ -225,7 +225,7 @@ impl Auth {
             let web = Watched::load(&config.web_config_file, &parse)?;
             // A TLS configuration that does not load fails now.
             if let Some(tls) = &web.value.tls_server_config {
-                super::tls::acceptor(tls)?;
+                crate::tls::acceptor(tls)?;
             }
             auth.web = Some(Mutex::new(web));
         }
@@ -238,7 +238,7 @@ impl Auth {
         }
         if config.kubernetes {
             auth.reviewer = Some(
-                super::token_review::Reviewer::new(kubernetes).map_err(AuthError::Kubernetes)?,
+                crate::token_review::Reviewer::new(kubernetes).map_err(AuthError::Kubernetes)?,
             );
         }
         Ok(auth)
@@ -270,7 +270,7 @@ impl Auth {
             return acceptor.clone();
         }
         let acceptor = match &web.tls_server_config {
-            Some(tls) => match super::tls::acceptor(tls) {
+            Some(tls) => match crate::tls::acceptor(tls) {
                 Ok(acceptor) => Some(acceptor),
                 Err(error) => {
                     // Keep serving with the last good one.

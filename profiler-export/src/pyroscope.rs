@@ -4,9 +4,11 @@
 //! `service_name`, `node`, and the container when one service is one
 //! container.
 
-use super::http_client::{ClientError, HttpClient};
-use super::{Batch, ExportError, Exporter};
-use crate::continuous::config::PyroscopeConfig;
+use crate::http_client::HttpConfig;
+use serde::Deserialize;
+
+use crate::http_client::{ClientError, HttpClient};
+use crate::{Batch, ExportError, Exporter};
 
 /// push/v1/push.proto and types/v1/types.proto, generated from `proto/`
 /// at build time.
@@ -106,6 +108,30 @@ fn uuid_v4() -> String {
     )
 }
 
+/// Pushes each window to Pyroscope (`POST /push.v1.PusherService/Push`).
+#[derive(serde::Serialize, Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PyroscopeConfig {
+    /// Base URL, e.g. `http://pyroscope.monitoring:4040`; empty disables.
+    pub url: String,
+    #[serde(flatten)]
+    pub http: HttpConfig,
+    pub queue_size: usize,
+    /// Attempts per window before it is dropped.
+    pub max_attempts: u32,
+}
+
+impl Default for PyroscopeConfig {
+    fn default() -> Self {
+        PyroscopeConfig {
+            url: String::new(),
+            http: HttpConfig::default(),
+            queue_size: 8,
+            max_attempts: 5,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -114,7 +140,7 @@ mod tests {
     use prost::Message;
 
     use super::*;
-    use crate::export::ServiceProfile;
+    use crate::ServiceProfile;
 
     #[test]
     fn the_request_has_one_series_per_service_with_sorted_labels() {

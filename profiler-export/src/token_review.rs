@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::auth::Decision;
-use crate::continuous::kubernetes::{KubernetesConfig, api_url, read_ca_certificates, read_token};
+use crate::auth::Decision;
+use crate::kubernetes_api::{KubernetesConfig, api_url, read_ca_certificates, read_token};
 
 pub struct Reviewer {
     agent: ureq::Agent,

@@ -29,8 +29,8 @@ use hyper::{Method, Request, Response, StatusCode, header};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{Semaphore, oneshot};
 
-use super::Metrics;
-use super::auth::{Auth, Decision};
+use crate::Metrics;
+use crate::auth::{Auth, Decision};
 
 /// Profile pulls served at the same time; more get 429.
 const MAX_CONCURRENT_PULLS: usize = 4;

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod directory;
 pub mod http_client;
+pub mod kubernetes_api;
 pub mod metrics;
 pub mod otlp;
 pub mod pyroscope;
@@ -17,7 +18,7 @@ mod token_review;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use crate::profile::Profile;
+use profiler_profile::Profile;
 
 pub use metrics::{ExporterStats, Metrics};
 pub use queue::{Exporter, ExporterHandle};

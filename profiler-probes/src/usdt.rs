@@ -191,9 +191,11 @@ pub fn read_probes(path: &Path) -> Result<UsdtProbes, UsdtError> {
 /// `display_path` in results and errors.
 pub fn read_probes_as(open_path: &Path, display_path: &Path) -> Result<UsdtProbes, UsdtError> {
     // Resolved inside the process's root, regular files only, mapped.
-    let data = crate::process::contained::map(open_path).map_err(|error| UsdtError::Read {
-        path: display_path.to_path_buf(),
-        reason: error.to_string(),
+    let data = profiler_symbolize::process::contained::map(open_path).map_err(|error| {
+        UsdtError::Read {
+            path: display_path.to_path_buf(),
+            reason: error.to_string(),
+        }
     })?;
     probes_from_elf(&data, display_path)
 }

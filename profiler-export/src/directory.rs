@@ -2,10 +2,12 @@
 //! retention: after each write the oldest files go until at most
 //! `max_files` files and `max_bytes` bytes remain.
 
+use serde::Deserialize;
+
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use super::{Batch, ExportError, Exporter};
+use crate::{Batch, ExportError, Exporter};
 
 /// Files this exporter owns (retention never touches anything else).
 const PREFIX: &str = "cpu-";
@@ -126,13 +128,38 @@ impl Exporter for DirectoryExporter {
     }
 }
 
+/// Writes each window's profiles as files, oldest deleted first.
+#[derive(serde::Serialize, Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DirectoryConfig {
+    /// Where to write; empty disables this exporter.
+    pub path: PathBuf,
+    /// Keep at most this many profile files...
+    pub max_files: usize,
+    /// ...and at most this many bytes of them.
+    pub max_bytes: u64,
+    /// Windows waiting to be written before the oldest is dropped.
+    pub queue_size: usize,
+}
+
+impl Default for DirectoryConfig {
+    fn default() -> Self {
+        DirectoryConfig {
+            path: PathBuf::new(),
+            max_files: 1000,
+            max_bytes: 256 << 20,
+            queue_size: 8,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
-    use crate::export::ServiceProfile;
+    use crate::ServiceProfile;
 
     fn batch(at_ms: u64, services: &[&str], size: usize) -> Batch {
         let started = UNIX_EPOCH + Duration::from_millis(at_ms);

@@ -2,12 +2,14 @@
 //! configured, basic or bearer auth, `X-Scope-OrgID`, one timeout per
 //! request. Each exporter owns one on its own thread.
 
+use serde::Deserialize;
+use std::path::PathBuf;
+
 use std::time::Duration;
 
 use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
 
-use super::ExportError;
-use crate::continuous::config::HttpConfig;
+use crate::ExportError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -158,6 +160,36 @@ fn base64(bytes: &[u8]) -> String {
         }
     }
     out
+}
+
+/// How a push exporter talks HTTP.
+#[derive(serde::Serialize, Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Sent as `X-Scope-OrgID` (multi-tenant Pyroscope, Grafana Cloud).
+    pub tenant_id: String,
+    pub basic_auth_username: String,
+    pub basic_auth_password: String,
+    /// Sent as `Authorization: Bearer ...`.
+    pub bearer_token: String,
+    /// PEM file of CA certificates to trust instead of the Mozilla roots.
+    pub ca_file: PathBuf,
+    /// Per request, connect to last byte.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            tenant_id: String::new(),
+            basic_auth_username: String::new(),
+            basic_auth_password: String::new(),
+            bearer_token: String::new(),
+            ca_file: PathBuf::new(),
+            timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 #[cfg(test)]

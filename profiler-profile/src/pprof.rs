@@ -220,7 +220,7 @@ pub fn decode(bytes: &[u8]) -> std::io::Result<proto::Profile> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::{Function, Line, Location, Mapping, Sample};
+    use crate::{Function, Line, Location, Mapping, Sample};
 
     fn sample_profile() -> Profile {
         Profile {
@@ -319,10 +319,10 @@ mod tests {
 
         // Views count microseconds: 30 ms on-CPU and 2.5 ms blocked in
         // the same stack.
-        let folded = crate::profile::folded::encode(&profile);
+        let folded = crate::folded::encode(&profile);
         assert!(folded.ends_with(" 32500\n"), "{folded}");
         profile.kind = ProfileKind::OffCpu;
-        let folded = crate::profile::folded::encode(&profile);
+        let folded = crate::folded::encode(&profile);
         assert_eq!(folded.lines().count(), 1, "{folded}");
         assert!(folded.ends_with(" 2500\n"), "{folded}");
     }
