@@ -231,9 +231,8 @@ pub struct HistValue {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StartKey {
     pub tgid: u32,
-    /// Nesting level of the start (recursion, re-entrancy): 0 outermost.
-    /// The per-thread depth itself is kept under level 0's key in
-    /// `DEPTHS`.
+    /// Nesting level of a start kept in `STARTS` (recursion,
+    /// re-entrancy): 0 outermost. Always 0 in `THREADS`' keys.
     pub depth: u32,
     pub id: u64,
 }
@@ -253,6 +252,20 @@ pub struct StartValue {
     /// The start's stack (`StackId::hash`), 0 when stacks are off or the
     /// walk found nothing.
     pub stack: u64,
+}
+
+/// A thread's (or goroutine's) pending starts: how many, and the innermost
+/// one inline, so an operation that does not nest costs one map lookup at
+/// its start and one at its end (no insert, no delete once the thread has
+/// its entry). The outer ones of nested starts wait in `STARTS` under
+/// their level. `top.time_ns` 0: the innermost start was lost (its outer
+/// copy was evicted).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct PendingStarts {
+    pub depth: u32,
+    pub _pad: u32,
+    pub top: StartValue,
 }
 
 /// User frames kept per probe stack (deeper stacks keep their leaf end,

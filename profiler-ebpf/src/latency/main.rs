@@ -5,12 +5,14 @@
 //! - `latency_start`: remembers `bpf_ktime_get_ns()` (and the histogram
 //!   key, read from the start site's arguments) per thread, or per
 //!   goroutine for Go, in an LRU map, so starts whose end never fires are
-//!   evicted instead of filling the map. Nested starts of one thread
-//!   (recursion, re-entrancy) are kept apart by depth and matched last in,
-//!   first out.
-//! - `latency_end`: takes the start back, adds `(now - start) / divisor`
-//!   to the key's per-CPU histogram (bpftrace's log2 buckets, or linear),
-//!   count and sum.
+//!   evicted instead of filling the map. The entry stays when the
+//!   operation ends: the thread's next start writes it in place (one
+//!   lookup, where an insert would allocate and a delete free an element).
+//!   Nested starts of one thread (recursion, re-entrancy) are kept apart
+//!   by depth and matched last in, first out.
+//! - `latency_end`: reads the innermost start, adds `(now - start) /
+//!   divisor` to the key's per-CPU histogram (bpftrace's log2 buckets, or
+//!   linear), count and sum.
 //! - `latency_count`: adds one to the key's count.
 //! - `latency_trace`: sends one record per hit (time, thread, the chosen
 //!   arguments and one string) through a ring buffer, after an optional
@@ -40,6 +42,7 @@ mod args;
 #[allow(dead_code)]
 mod machine;
 #[path = "../unwind.rs"]
+#[allow(dead_code)]
 mod unwind;
 
 use aya_ebpf::{
@@ -56,10 +59,11 @@ use aya_ebpf::{
 };
 use profiler_common::latency::{
     FILTER_EQ, FILTER_GE, FILTER_GT, FILTER_LE, FILTER_LT, FILTER_NE, FILTER_NONE, HIST_SLOTS,
-    HistKey, HistValue, KEY_ARG, KEY_COMM, KEY_PID, KEY_STRING_ARG, LATENCY_COUNTER_SLOTS,
-    LatencyConfig, LatencyCounter, MAX_IN_FLIGHT, MAX_KEYS, MAX_NESTED_STARTS,
-    MAX_PROBE_STACK_FRAMES, MAX_PROBE_STACKS, MAX_SITES, NO_REGISTER, ProbeStack, SiteConfig,
-    StackId, StackTotals, StartKey, StartValue, TRACE_SLOTS, TRACE_TEXT_LEN, TraceEvent,
+    HistKey, HistValue, KEY_ARG, KEY_COMM, KEY_NONE, KEY_PID, KEY_STRING_ARG,
+    LATENCY_COUNTER_SLOTS, LatencyConfig, LatencyCounter, MAX_IN_FLIGHT, MAX_KEYS,
+    MAX_NESTED_STARTS, MAX_PROBE_STACK_FRAMES, MAX_PROBE_STACKS, MAX_SITES, NO_REGISTER,
+    PendingStarts, ProbeStack, SiteConfig, StackId, StackTotals, StartKey, StartValue, TRACE_SLOTS,
+    TRACE_TEXT_LEN, TraceEvent,
 };
 use profiler_common::{Counter, Sample};
 
@@ -73,20 +77,31 @@ static LATENCY_CONFIG: LatencyConfig = LatencyConfig::DEFAULT;
 #[map]
 static SITES: Array<SiteConfig> = Array::with_max_entries(MAX_SITES, 0);
 
-/// Pending starts by thread or goroutine. BPF_F_NO_COMMON_LRU: one LRU
-/// list per CPU, so inserts on many CPUs do not contend for one list lock
-/// (on this 2-CPU machine it made no measurable difference).
+/// Each thread's or goroutine's pending starts (key depth 0): the
+/// innermost inline, the count. BPF_F_NO_COMMON_LRU: one LRU list per CPU,
+/// so inserts on many CPUs do not contend for one list lock (on this
+/// 2-CPU machine it made no measurable difference).
+#[map]
+static THREADS: LruHashMap<StartKey, PendingStarts> =
+    LruHashMap::with_max_entries(MAX_IN_FLIGHT, BPF_F_NO_COMMON_LRU);
+
+/// The outer starts of nested ones (recursion, re-entrancy), by level:
+/// matched last in, first out, instead of the inner one replacing the
+/// outer. Only nesting pays for these inserts and deletes.
 #[map]
 static STARTS: LruHashMap<StartKey, StartValue> =
     LruHashMap::with_max_entries(MAX_IN_FLIGHT, BPF_F_NO_COMMON_LRU);
 
-/// How many starts each thread or goroutine has pending (its next start's
-/// `StartKey::depth`), under its depth-0 key: nested starts (recursion,
-/// re-entrancy) are matched last in, first out, instead of the inner one
-/// replacing the outer.
+/// An empty `PendingStarts` to create a thread's entry from (building one
+/// on the stack costs a byte-wise memset). Never written.
 #[map]
-static DEPTHS: LruHashMap<StartKey, u32> =
-    LruHashMap::with_max_entries(MAX_IN_FLIGHT, BPF_F_NO_COMMON_LRU);
+static EMPTY_PENDING: PerCpuArray<PendingStarts> = PerCpuArray::with_max_entries(1, 0);
+
+/// `--count`'s key, assembled per CPU (not on the stack: see
+/// `EMPTY_PENDING`). Zero unless `--by` sets a kind, which rewrites it
+/// whole at each hit.
+#[map]
+static COUNT_KEY: PerCpuArray<HistKey> = PerCpuArray::with_max_entries(1, 0);
 
 /// Histograms by key, per CPU (no atomics on the hot path). Not
 /// preallocated: a value is 1 KiB per CPU and most runs use one key.
@@ -196,10 +211,39 @@ fn count(counter: LatencyCounter) {
     }
 }
 
+/// The run's settings. Read through a pointer the compiler cannot see
+/// through, so it neither folds the defaults in nor copies the whole
+/// struct (as a volatile read of the value did); each field is then a
+/// load from the frozen global, a constant to the verifier.
 #[inline(always)]
-fn config() -> LatencyConfig {
-    // SAFETY: reading a read-only global the loader initialised.
-    unsafe { core::ptr::read_volatile(&LATENCY_CONFIG) }
+fn config() -> &'static LatencyConfig {
+    let global: *const LatencyConfig = &raw const LATENCY_CONFIG;
+    // SAFETY: a volatile read of a local pointer to a read-only global the
+    // loader initialised.
+    unsafe { &*core::ptr::read_volatile(&global) }
+}
+
+/// Zeroes a key word by word: a struct literal compiles to a byte-wise
+/// memset loop (hundreds of instructions). Volatile so the stores are not
+/// merged back into that memset.
+#[inline(always)]
+fn zero_key(key: *mut HistKey) {
+    let words = key.cast::<u64>();
+    for i in 0..core::mem::size_of::<HistKey>() / 8 {
+        // SAFETY: `key` points at a whole HistKey, 8-byte aligned (its
+        // first field is a u64).
+        unsafe { core::ptr::write_volatile(words.add(i), 0) };
+    }
+}
+
+/// Copies a start word by word (see `zero_key`).
+#[inline(always)]
+fn copy_start(to: *mut StartValue, from: *const StartValue) {
+    let (to, from) = (to.cast::<u64>(), from.cast::<u64>());
+    for i in 0..core::mem::size_of::<StartValue>() / 8 {
+        // SAFETY: both point at whole StartValues, 8-byte aligned.
+        unsafe { core::ptr::write_volatile(to.add(i), core::ptr::read_volatile(from.add(i))) };
+    }
 }
 
 /// Who a start belongs to, or `None` when the hit is filtered out or the
@@ -229,9 +273,12 @@ fn start_key(ctx: &ProbeContext, config: &LatencyConfig) -> Option<StartKey> {
     Some(StartKey { tgid, depth: 0, id })
 }
 
-/// Fills `key` per `--by`.
+/// Fills `key` per `--by` (left as it is without `--by`: zero).
 #[inline(always)]
 fn histogram_key(ctx: &ProbeContext, config: &LatencyConfig, tgid: u32, key: &mut HistKey) {
+    if config.key_kind != KEY_NONE {
+        zero_key(key);
+    }
     match config.key_kind {
         KEY_PID => key.value = u64::from(tgid),
         KEY_COMM => {
@@ -271,36 +318,54 @@ fn histogram_key(ctx: &ProbeContext, config: &LatencyConfig, tgid: u32, key: &mu
 fn on_start(ctx: &ProbeContext) {
     count(LatencyCounter::Starts);
     let config = config();
-    let Some(key) = start_key(ctx, &config) else {
+    let Some(key) = start_key(ctx, config) else {
         return;
     };
-    let mut value = StartValue {
-        time_ns: 0,
-        key: HistKey::ZERO,
-        stack: 0,
-    };
-    histogram_key(ctx, &config, key.tgid, &mut value.key);
-    if config.stacks != 0 {
-        value.stack = record_stack(key.tgid);
-    }
-    // Last, so the time spent reading arguments is not measured.
-    // SAFETY: reads the monotonic clock; no memory involved.
-    value.time_ns = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: the value is copied out.
-    let depth = unsafe { DEPTHS.get(&key) }.copied().unwrap_or(0);
-    let (level, next) = if depth >= MAX_NESTED_STARTS {
-        count(LatencyCounter::StartReplaced);
-        (MAX_NESTED_STARTS - 1, MAX_NESTED_STARTS)
-    } else {
-        (depth, depth + 1)
-    };
-    let at = StartKey {
-        depth: level,
-        ..key
-    };
-    if STARTS.insert(&at, &value, 0).is_err() || DEPTHS.insert(&key, &next, 0).is_err() {
+    let Some(pending) = pending_of(&key) else {
         count(LatencyCounter::StartMapFull);
+        return;
+    };
+    // SAFETY: the thread's own entry (a thread runs one probe at a time;
+    // a goroutine runs on one thread at a time); `pending` stays valid for
+    // the program's run.
+    unsafe {
+        let depth = (*pending).depth;
+        if depth >= MAX_NESTED_STARTS {
+            count(LatencyCounter::StartReplaced);
+        } else {
+            if depth > 0 {
+                // The innermost start so far moves out to its level.
+                let at = StartKey {
+                    depth: depth - 1,
+                    ..key
+                };
+                if STARTS.insert(&at, &(*pending).top, 0).is_err() {
+                    count(LatencyCounter::StartMapFull);
+                }
+            }
+            (*pending).depth = depth + 1;
+        }
+        let top = &mut (*pending).top;
+        histogram_key(ctx, config, key.tgid, &mut top.key);
+        top.stack = if config.stacks != 0 {
+            record_stack(key.tgid)
+        } else {
+            0
+        };
+        // Last, so the time spent reading arguments is not measured.
+        top.time_ns = bpf_ktime_get_ns();
     }
+}
+
+/// The thread's entry in `THREADS`, created empty on its first start.
+#[inline(always)]
+fn pending_of(key: &StartKey) -> Option<*mut PendingStarts> {
+    if let Some(pending) = THREADS.get_ptr_mut(key) {
+        return Some(pending);
+    }
+    let empty = EMPTY_PENDING.get(0)?;
+    THREADS.insert(key, empty, 0).ok()?;
+    THREADS.get_ptr_mut(key)
 }
 
 #[inline(always)]
@@ -310,43 +375,61 @@ fn on_end(ctx: &ProbeContext) {
     let now = unsafe { bpf_ktime_get_ns() };
     count(LatencyCounter::Ends);
     let config = config();
-    let Some(key) = start_key(ctx, &config) else {
+    let Some(key) = start_key(ctx, config) else {
         return;
     };
-    // The innermost pending start is this end's.
-    // SAFETY: the value is copied out.
-    let depth = unsafe { DEPTHS.get(&key) }.copied().unwrap_or(0);
-    if depth == 0 {
+    let Some(pending) = THREADS.get_ptr_mut(&key) else {
         count(LatencyCounter::EndWithoutStart);
         return;
+    };
+    // SAFETY: the thread's own entry, as in on_start.
+    unsafe {
+        let depth = (*pending).depth;
+        if depth == 0 {
+            count(LatencyCounter::EndWithoutStart);
+            return;
+        }
+        let start = &(*pending).top;
+        if start.time_ns == 0 {
+            count(LatencyCounter::EndWithoutStart);
+        } else {
+            record_end(config, key.tgid, start, now);
+        }
+        // The next outer start, if any, becomes the innermost.
+        if depth > 1 {
+            let at = StartKey {
+                depth: depth - 2,
+                ..key
+            };
+            match STARTS.get_ptr(&at) {
+                Some(outer) => {
+                    copy_start(&mut (*pending).top, outer);
+                    let _ = STARTS.remove(&at);
+                }
+                // Evicted: the end that would match it is counted as
+                // without a start.
+                None => (*pending).top.time_ns = 0,
+            }
+        }
+        (*pending).depth = depth - 1;
     }
-    let level = depth - 1;
-    let _ = if level == 0 {
-        DEPTHS.remove(&key)
-    } else {
-        DEPTHS.insert(&key, &level, 0)
-    };
-    let at = StartKey {
-        depth: level,
-        ..key
-    };
-    // SAFETY: the value is copied out before the entry is deleted.
-    let Some(start) = (unsafe { STARTS.get(&at) }).copied() else {
-        count(LatencyCounter::EndWithoutStart);
-        return;
-    };
-    let _ = STARTS.remove(&at);
-    // checked_div: a division that may panic would leave an unreachable
-    // trap the verifier refuses (user space never passes 0).
+}
+
+/// Adds the operation that began at `start` and ended at `now` to its
+/// key's histogram (and its stack's totals).
+#[inline(always)]
+fn record_end(config: &LatencyConfig, tgid: u32, start: &StartValue, now: u64) {
     let elapsed = now.saturating_sub(start.time_ns);
     if config.stacks != 0 && start.stack != 0 && elapsed >= config.stack_min_ns {
-        add_to_stack(key.tgid, start.stack, elapsed);
+        add_to_stack(tgid, start.stack, elapsed);
     }
+    // checked_div: a division that may panic would leave an unreachable
+    // trap the verifier refuses (user space never passes 0).
     let duration = elapsed.checked_div(config.divisor).unwrap_or(elapsed);
     let Some(histogram) = histogram_of(&start.key) else {
         return;
     };
-    let bucket = bucket(duration, &config);
+    let bucket = bucket(duration, config);
     // SAFETY: this CPU's copy of the key's value; programs do not nest on
     // one CPU. `bucket` is checked against the array length.
     unsafe {
@@ -466,15 +549,19 @@ fn on_count(ctx: &ProbeContext) {
         count(LatencyCounter::FilteredOut);
         return;
     }
-    let mut key = HistKey::ZERO;
-    histogram_key(ctx, &config, tgid, &mut key);
+    let Some(key) = COUNT_KEY.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: this CPU's scratch key; programs do not nest on one CPU.
+    let key = unsafe { &mut *key };
+    histogram_key(ctx, config, tgid, key);
     if config.stacks != 0 {
         let stack = record_stack(tgid);
         if stack != 0 {
             add_to_stack(tgid, stack, 0);
         }
     }
-    if let Some(histogram) = histogram_of(&key) {
+    if let Some(histogram) = histogram_of(key) {
         // SAFETY: as in on_end.
         unsafe { (*histogram).count += 1 };
     }
@@ -490,22 +577,22 @@ fn on_trace(ctx: &ProbeContext) {
         count(LatencyCounter::FilteredOut);
         return;
     }
-    let Some(mut event) = trace_record(ctx, &config, pid_tgid) else {
+    let Some(mut event) = trace_record(ctx, config, pid_tgid) else {
         return;
     };
     // SAFETY: reads the monotonic clock.
     event.time_ns = unsafe { bpf_ktime_get_ns() };
-    send_trace(&event, &config);
+    send_trace(&event, config);
 }
 
 #[inline(always)]
 fn on_trace_start(ctx: &ProbeContext) {
     count(LatencyCounter::Starts);
     let config = config();
-    let Some(key) = start_key(ctx, &config) else {
+    let Some(key) = start_key(ctx, config) else {
         return;
     };
-    let Some(mut event) = trace_record(ctx, &config, bpf_get_current_pid_tgid()) else {
+    let Some(mut event) = trace_record(ctx, config, bpf_get_current_pid_tgid()) else {
         return;
     };
     // Last, so reading the arguments is not measured.
@@ -522,7 +609,7 @@ fn on_trace_end(ctx: &ProbeContext) {
     let now = unsafe { bpf_ktime_get_ns() };
     count(LatencyCounter::Ends);
     let config = config();
-    let Some(key) = start_key(ctx, &config) else {
+    let Some(key) = start_key(ctx, config) else {
         return;
     };
     // SAFETY: the value is copied out before the entry is deleted.
@@ -536,7 +623,7 @@ fn on_trace_end(ctx: &ProbeContext) {
         count(LatencyCounter::TraceFilteredOut);
         return;
     }
-    send_trace(&event, &config);
+    send_trace(&event, config);
 }
 
 /// Sends one record under the per-CPU rate limit.
