@@ -19,13 +19,14 @@ mod golabels;
 mod machine;
 mod offcpu;
 mod unwind;
+mod words;
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns,
-        generated::bpf_probe_read_kernel as read_kernel_raw,
+        bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns,
+        generated::{bpf_get_current_comm as get_comm, bpf_probe_read_kernel as read_kernel_raw},
     },
     macros::{map, perf_event},
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -140,20 +141,25 @@ fn record_sample(ctx: &PerfEventContext) {
             record_len += len;
         }
 
-        (*sample).time_ns = bpf_ktime_get_ns();
-        (*sample).pid = pid;
-        (*sample).tid = tid;
-        (*sample).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
-        (*sample).kernel_frames = kernel_frames as u16;
-        (*sample).user_frames = user_frames as u16;
-        (*sample).flags = flags;
-        (*sample).user_end = user_end as u8;
-        (*sample).kind = SAMPLE_KIND_CPU;
-        (*sample).off_cpu_ns = 0;
-        (*sample).runq_ns = 0;
-        (*sample).weight_ns = 0;
-        (*sample).task_state = 0;
-        (*sample).intervals = 0;
+        // Field by field (`words`: no byte-wise memset).
+        words::set(&raw mut (*sample).time_ns, bpf_ktime_get_ns());
+        words::set(&raw mut (*sample).pid, pid);
+        words::set(&raw mut (*sample).tid, tid);
+        // Into the record directly; the helper zeroes it when it fails.
+        get_comm(
+            (*sample).comm.as_mut_ptr().cast(),
+            (*sample).comm.len() as u32,
+        );
+        words::set(&raw mut (*sample).kernel_frames, kernel_frames as u16);
+        words::set(&raw mut (*sample).user_frames, user_frames as u16);
+        words::set(&raw mut (*sample).flags, flags);
+        words::set(&raw mut (*sample).user_end, user_end as u8);
+        words::set(&raw mut (*sample).kind, SAMPLE_KIND_CPU);
+        words::set(&raw mut (*sample).off_cpu_ns, 0);
+        words::set(&raw mut (*sample).runq_ns, 0);
+        words::set(&raw mut (*sample).weight_ns, 0);
+        words::set(&raw mut (*sample).task_state, 0);
+        words::set(&raw mut (*sample).intervals, 0);
 
         let bytes = core::slice::from_raw_parts(sample.cast::<u8>(), record_len);
         // Waking the reader for every sample costs an irq_work and a

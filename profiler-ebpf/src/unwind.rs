@@ -27,7 +27,7 @@ use profiler_common::unwind::{
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
-use crate::{bump, machine};
+use crate::{bump, machine, words};
 
 /// `BPF_F_MMAPABLE`: user space writes the tables through a shared
 /// mapping of the arrays, with no system call per row.
@@ -146,15 +146,16 @@ pub fn walk_user_stack(
         (*state).fp = regs.fp;
         (*state).lr = machine::strip_pointer_auth(regs.lr);
         (*state).go_g = regs.go_g;
-        (*state).mapping.start = 0;
-        (*state).mapping.end = 0;
-        (*state).first_mapping = 0;
-        (*state).mapping_count = 0;
-        (*state).frames = 0;
-        (*state).kernel_frames = kernel_frames;
-        (*state).end = UserStackEnd::Truncated as u32;
-        (*state).exact_pc = 0;
-        (*state).unknown_leaf = 0;
+        // Field by field (`words`: no byte-wise memset).
+        words::set(&raw mut (*state).mapping.start, 0);
+        words::set(&raw mut (*state).mapping.end, 0);
+        words::set(&raw mut (*state).first_mapping, 0);
+        words::set(&raw mut (*state).mapping_count, 0);
+        words::set(&raw mut (*state).frames, 0);
+        words::set(&raw mut (*state).kernel_frames, kernel_frames);
+        words::set(&raw mut (*state).end, UserStackEnd::Truncated as u32);
+        words::set(&raw mut (*state).exact_pc, 0);
+        words::set(&raw mut (*state).unknown_leaf, 0);
         if let Some(process) = UNWIND_PROCESSES.get(&pid) {
             (*state).first_mapping = process.first_mapping;
             (*state).mapping_count = process.mapping_count;
@@ -544,7 +545,8 @@ fn find_mapping(state: &mut WalkState, pc: u64) -> bool {
     }
     match UNWIND_MAPPINGS.get(first + lo) {
         Some(m) if m.start <= pc && pc < m.end => {
-            state.mapping = *m;
+            // Word by word (`words`: no byte-wise memmove in the loop).
+            words::copy(&mut state.mapping, m);
             true
         }
         _ => false,

@@ -44,6 +44,8 @@ mod machine;
 #[path = "../unwind.rs"]
 #[allow(dead_code)]
 mod unwind;
+#[path = "../words.rs"]
+mod words;
 
 use aya_ebpf::{
     EbpfContext,
@@ -223,26 +225,16 @@ fn config() -> &'static LatencyConfig {
     unsafe { &*core::ptr::read_volatile(&global) }
 }
 
-/// Zeroes a key word by word: a struct literal compiles to a byte-wise
-/// memset loop (hundreds of instructions). Volatile so the stores are not
-/// merged back into that memset.
+/// Zeroes a key word by word (`words`: a struct literal compiles to a
+/// byte-wise memset loop of hundreds of instructions).
 #[inline(always)]
 fn zero_key(key: *mut HistKey) {
-    let words = key.cast::<u64>();
+    const { assert!(core::mem::size_of::<HistKey>() % 8 == 0) };
+    let key = key.cast::<u64>();
     for i in 0..core::mem::size_of::<HistKey>() / 8 {
         // SAFETY: `key` points at a whole HistKey, 8-byte aligned (its
         // first field is a u64).
-        unsafe { core::ptr::write_volatile(words.add(i), 0) };
-    }
-}
-
-/// Copies a start word by word (see `zero_key`).
-#[inline(always)]
-fn copy_start(to: *mut StartValue, from: *const StartValue) {
-    let (to, from) = (to.cast::<u64>(), from.cast::<u64>());
-    for i in 0..core::mem::size_of::<StartValue>() / 8 {
-        // SAFETY: both point at whole StartValues, 8-byte aligned.
-        unsafe { core::ptr::write_volatile(to.add(i), core::ptr::read_volatile(from.add(i))) };
+        words::set(unsafe { key.add(i) }, 0);
     }
 }
 
@@ -403,7 +395,7 @@ fn on_end(ctx: &ProbeContext) {
             };
             match STARTS.get_ptr(&at) {
                 Some(outer) => {
-                    copy_start(&mut (*pending).top, outer);
+                    words::copy(&mut (*pending).top, outer);
                     let _ = STARTS.remove(&at);
                 }
                 // Evicted: the end that would match it is counted as
