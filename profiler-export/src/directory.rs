@@ -1,4 +1,6 @@
-//! A directory of pprof files, one per service per window, with bounded
+//! A directory of pprof files, one per profile and service per window
+//! (`cpu-<service>-<ms>.pb.gz`, `probe_<name>-<service>-<ms>.pb.gz`), with
+//! bounded
 //! retention: after each write the oldest files go until at most
 //! `max_files` files and `max_bytes` bytes remain.
 
@@ -9,8 +11,9 @@ use std::time::UNIX_EPOCH;
 
 use crate::{Batch, ExportError, Exporter};
 
-/// Files this exporter owns (retention never touches anything else).
-const PREFIX: &str = "cpu-";
+/// Files this exporter owns (retention never touches anything else):
+/// `cpu-...` (the CPU profile) and `probe_<name>-...` (a probe's stacks).
+const PREFIXES: [&str; 2] = ["cpu-", "probe_"];
 const SUFFIX: &str = ".pb.gz";
 
 pub struct DirectoryExporter {
@@ -41,7 +44,7 @@ impl DirectoryExporter {
             .filter_map(|entry| {
                 let entry = entry.ok()?;
                 let name = entry.file_name().into_string().ok()?;
-                (name.starts_with(PREFIX) && name.ends_with(SUFFIX))
+                (PREFIXES.iter().any(|p| name.starts_with(p)) && name.ends_with(SUFFIX))
                     .then(|| Some((name, entry.metadata().ok()?.len())))?
             })
             .collect();
@@ -66,7 +69,8 @@ impl DirectoryExporter {
     }
 }
 
-/// `cpu-<service>-<unix ms>.pb.gz` sorts by time, then service.
+/// `<profile>-<service>-<unix ms>.pb.gz` sorts by time, then profile and
+/// service.
 fn sort_key(name: &str) -> (&str, &str) {
     let stem = name.trim_end_matches(SUFFIX);
     match stem.rsplit_once('-') {
@@ -108,7 +112,8 @@ impl Exporter for DirectoryExporter {
             .map_or(0, |d| d.as_millis());
         for profile in &batch.profiles {
             let name = format!(
-                "{PREFIX}{}-{ms:016}{SUFFIX}",
+                "{}-{}-{ms:016}{SUFFIX}",
+                file_component(&profile.name),
                 file_component(&profile.service)
             );
             // Write then rename: a reader never sees half a file.
@@ -169,6 +174,7 @@ mod tests {
             profiles: services
                 .iter()
                 .map(|s| ServiceProfile {
+                    name: crate::CPU_PROFILE.into(),
                     service: s.to_string(),
                     labels: Vec::new(),
                     pprof: Arc::new(vec![0u8; size]),
@@ -229,6 +235,33 @@ mod tests {
             [
                 "cpu-a-0000000000008000.pb.gz",
                 "cpu-a-0000000000009000.pb.gz"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_probe_profile_gets_its_own_file_and_counts_toward_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut exporter = DirectoryExporter::new(dir.path(), 2, 1 << 20).unwrap();
+        let mut window = batch(1000, &["shop"], 10);
+        let mut probe = window.profiles[0].clone();
+        probe.name = crate::probe_profile_name("checkout");
+        window.profiles.push(probe);
+        exporter.export(&window).unwrap();
+        assert_eq!(
+            names(dir.path()),
+            [
+                "cpu-shop-0000000000001000.pb.gz",
+                "probe_checkout-shop-0000000000001000.pb.gz"
+            ]
+        );
+        exporter.export(&batch(2000, &["shop"], 10)).unwrap();
+        // Three files, two allowed: the oldest window's first.
+        assert_eq!(
+            names(dir.path()),
+            [
+                "cpu-shop-0000000000002000.pb.gz",
+                "probe_checkout-shop-0000000000001000.pb.gz"
             ]
         );
     }

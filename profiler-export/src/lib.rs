@@ -23,10 +23,23 @@ use profiler_profile::Profile;
 pub use metrics::{ExporterStats, Metrics};
 pub use queue::{Exporter, ExporterHandle};
 
+/// What the sampled CPU profile is called ([`ServiceProfile::name`]).
+pub const CPU_PROFILE: &str = "cpu";
+
+/// The name of a configured probe's profile of operations at its hits.
+pub fn probe_profile_name(probe: &str) -> String {
+    format!("probe_{probe}")
+}
+
 /// The profile of one service for one window, encoded once and shared by
 /// every exporter.
 #[derive(Debug, Clone)]
 pub struct ServiceProfile {
+    /// What the profile measures: [`CPU_PROFILE`] for the sampled profile,
+    /// [`probe_profile_name`] for a configured probe's stacks. Names
+    /// directory files (`<name>-<service>-<ms>.pb.gz`) and Pyroscope's
+    /// `__name__` (`process_cpu` for the CPU profile).
+    pub name: String,
     /// The `service_name` label; also names directory files.
     pub service: String,
     /// Series labels for backends that index them (Pyroscope):

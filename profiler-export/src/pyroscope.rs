@@ -51,9 +51,16 @@ pub fn push_request(batch: &Batch) -> proto::PushRequest {
         .profiles
         .iter()
         .map(|profile| {
+            // Pyroscope's name for a process's CPU profile; a probe's
+            // profile is a series of its own name.
+            let name = if profile.name == crate::CPU_PROFILE {
+                "process_cpu".to_string()
+            } else {
+                profile.name.clone()
+            };
             let mut labels = vec![proto::LabelPair {
                 name: "__name__".into(),
-                value: "process_cpu".into(),
+                value: name,
             }];
             labels.extend(profile.labels.iter().map(|(name, value)| proto::LabelPair {
                 name: name.clone(),
@@ -148,6 +155,7 @@ mod tests {
             started: SystemTime::now(),
             ended: SystemTime::now(),
             profiles: vec![ServiceProfile {
+                name: crate::CPU_PROFILE.into(),
                 service: "nginx".into(),
                 labels: vec![
                     ("service_name".into(), "nginx".into()),

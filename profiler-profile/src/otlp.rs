@@ -33,6 +33,10 @@ enum Values {
     OffCpu,
     /// CPU samples as time plus off-CPU time.
     Wall,
+    /// Operations begun at probe hits (count).
+    Operations,
+    /// Those operations' total latency (nanoseconds).
+    Latency,
 }
 
 impl Values {
@@ -41,16 +45,14 @@ impl Values {
             ProfileKind::Cpu => &[Values::Cpu],
             ProfileKind::OffCpu => &[Values::Cpu, Values::OffCpu],
             ProfileKind::Wall => &[Values::Wall],
-            // Probe-hit stacks are written to files only (`latency
-            // --stacks`); their count and nanoseconds map onto these.
-            ProfileKind::Latency => &[Values::Cpu, Values::OffCpu],
+            ProfileKind::Latency => &[Values::Operations, Values::Latency],
         }
     }
 
     fn value(self, profile: &Profile, sample: &Sample) -> i64 {
         match self {
-            Values::Cpu => sample.count as i64,
-            Values::OffCpu => sample.off_cpu_ns as i64,
+            Values::Cpu | Values::Operations => sample.count as i64,
+            Values::OffCpu | Values::Latency => sample.off_cpu_ns as i64,
             Values::Wall => profile.wall_ns(sample) as i64,
         }
     }
@@ -298,6 +300,8 @@ impl Builder {
                 profile.period_ns,
             ),
             Values::OffCpu => (("off_cpu", "nanoseconds"), ("off_cpu", "nanoseconds"), 0),
+            Values::Operations => (("count", "count"), ("count", "count"), 0),
+            Values::Latency => (("latency", "nanoseconds"), ("latency", "nanoseconds"), 0),
             Values::Wall => (
                 ("wall", "nanoseconds"),
                 ("cpu", "nanoseconds"),

@@ -1086,6 +1086,120 @@ fn stacks_at_probe_hits_split_operations_by_call_site() {
     }
 }
 
+/// In `run`, a `[[probes]]` entry with `stacks = true` exports each
+/// window's operations by start stack (`probe_<name>-<service>-<ms>.pb.gz`
+/// in the directory): over the run's windows, operations per call site
+/// equal the fixture's own count (none counted twice across windows, none
+/// lost) and their latency is within 10% of its measurement.
+#[test]
+fn the_continuous_agent_exports_stacks_at_probe_hits_per_window() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let fixture = build_c_fixture("callsites", &["-O2", "-g", "-fomit-frame-pointer"]);
+    let dir = tempfile::tempdir().unwrap();
+    let profiles = dir.path().join("profiles");
+    // About 17 ms a round: some 3 s of operations, over several 1 s windows.
+    let mut target = Gated::start(&fixture, &["180"]);
+    let config = dir.path().join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[probes]]\nname = \"work\"\nstart = \"uprobe:{}:work\"\npid = {}\n\
+             stacks = true\nbudget = 0\n",
+            fixture.display(),
+            target.pid()
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let pid = target.pid().to_string();
+    let mut agent = AgentRun::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--pids",
+        &pid,
+        "--listen",
+        &listen,
+        "--window",
+        "1s",
+        "--directory-path",
+        profiles.to_str().unwrap(),
+    ]);
+    agent.wait_ready(port);
+    assert!(
+        wait_for(std::time::Duration::from_secs(20), || agent
+            .log()
+            .contains("probe attached")
+            .then_some(()))
+        .is_some(),
+        "the probe was not attached:\n{}",
+        agent.log()
+    );
+    let own: Vec<i64> = target
+        .run_to_gate()
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // A window boundary after the last operation; SIGTERM then exports
+    // whatever is left.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let status = agent.terminate(std::time::Duration::from_secs(30));
+    assert!(target.finish().success());
+    let log = agent.log();
+    assert!(status.success(), "{status}:\n{log}");
+    let [checkout_calls, checkout_ns, search_calls, search_ns, _] = own[..] else {
+        panic!("the fixture printed {own:?}");
+    };
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&profiles)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("probe_work-"))
+        })
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 2,
+        "operations over 3 s of 1 s windows gave {} probe profiles:\n{log}",
+        files.len()
+    );
+    let mut sites: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    for file in &files {
+        let (window_sites, all_reach_main) = call_sites(&read_pprof(file));
+        assert!(all_reach_main, "{}: {window_sites:?}", file.display());
+        for (site, (calls, ns)) in window_sites {
+            let entry = sites.entry(site).or_default();
+            entry.0 += calls;
+            entry.1 += ns;
+        }
+    }
+    assert_eq!(
+        sites.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["checkout", "search"],
+        "{sites:?}"
+    );
+    for (site, calls, ns) in [
+        ("checkout", checkout_calls, checkout_ns),
+        ("search", search_calls, search_ns),
+    ] {
+        let (ours_calls, ours_ns) = sites[site];
+        assert_eq!(
+            ours_calls,
+            calls,
+            "{site}: operations over {} windows",
+            files.len()
+        );
+        let ratio = ours_ns as f64 / ns as f64;
+        assert!(
+            (0.9..=1.1).contains(&ratio),
+            "{site}: {ours_ns} ns in the profiles, {ns} ns measured by the fixture"
+        );
+    }
+}
+
 /// Nested starts of one thread (a recursive function timed entry to
 /// return) are matched innermost first: every level counted, none taken
 /// for another's end.

@@ -449,6 +449,7 @@ impl Agent {
             &self.exporters,
             &self.metrics,
             &mut self.summary,
+            &mut self.probes,
         );
     }
 
@@ -637,6 +638,7 @@ fn export_window(
     exporters: &[ExporterHandle],
     metrics: &Metrics,
     summary: &mut RunSummary,
+    probes: &mut ProbeHistograms,
 ) {
     let build_started = Instant::now();
     let accumulator = std::mem::replace(window, Accumulator::new());
@@ -682,48 +684,16 @@ fn export_window(
                 continue;
             }
         };
-        let mut labels = vec![
-            ("service_name".to_string(), service.clone()),
-            ("node".to_string(), node.to_string()),
-        ];
-        // A service that is exactly one container gets it (and its pod) as
-        // series labels; one that spans pods of one namespace gets that.
-        let containers: Vec<_> = pids
-            .iter()
-            .map(|&pid| meta.get(pid).container.clone())
-            .collect();
-        if let Some(Some(first)) = containers.first()
-            && containers.iter().all(|c| c.as_ref() == Some(first))
-        {
-            labels.push(("container_id".into(), first.id.clone()));
-            if let Some(uid) = &first.pod_uid {
-                labels.push(("pod_uid".into(), uid.clone()));
-            }
-            if let Some(pod) = meta.pod(pids[0]) {
-                labels.push(("namespace".into(), pod.namespace));
-                labels.push(("pod".into(), pod.pod));
-                if !pod.container.is_empty() {
-                    labels.push(("container".into(), pod.container));
-                }
-            }
-        } else {
-            let namespaces: Vec<Option<String>> = pids
-                .iter()
-                .map(|&pid| meta.pod(pid).map(|p| p.namespace))
-                .collect();
-            if let Some(Some(first)) = namespaces.first()
-                && namespaces.iter().all(|n| n.as_ref() == Some(first))
-            {
-                labels.push(("namespace".into(), first.clone()));
-            }
-        }
+        let labels = series_labels(meta, &service, &pids, node);
         profiles.push(ServiceProfile {
+            name: profiler_export::CPU_PROFILE.into(),
             service,
             labels,
             pprof: Arc::new(pprof),
             profile: Arc::new(profile),
         });
     }
+    profiles.extend(probe_profiles(probes, meta, node, &profile_window));
     metrics.windows.fetch_add(1, Relaxed);
     metrics
         .window_build_micros
@@ -742,6 +712,105 @@ fn export_window(
     for exporter in exporters {
         exporter.push(batch.clone());
     }
+}
+
+/// A profile's series labels: service and node; the container (and its
+/// pod) when the service is exactly one container, or the namespace when
+/// its pods share one.
+fn series_labels(
+    meta: &mut MetadataCache,
+    service: &str,
+    pids: &[u32],
+    node: &str,
+) -> Vec<(String, String)> {
+    let mut labels = vec![
+        ("service_name".to_string(), service.to_string()),
+        ("node".to_string(), node.to_string()),
+    ];
+    // A service that is exactly one container gets it (and its pod) as
+    // series labels; one that spans pods of one namespace gets that.
+    let containers: Vec<_> = pids
+        .iter()
+        .map(|&pid| meta.get(pid).container.clone())
+        .collect();
+    if let Some(Some(first)) = containers.first()
+        && containers.iter().all(|c| c.as_ref() == Some(first))
+    {
+        labels.push(("container_id".into(), first.id.clone()));
+        if let Some(uid) = &first.pod_uid {
+            labels.push(("pod_uid".into(), uid.clone()));
+        }
+        if let Some(pod) = meta.pod(pids[0]) {
+            labels.push(("namespace".into(), pod.namespace));
+            labels.push(("pod".into(), pod.pod));
+            if !pod.container.is_empty() {
+                labels.push(("container".into(), pod.container));
+            }
+        }
+    } else {
+        let namespaces: Vec<Option<String>> = pids
+            .iter()
+            .map(|&pid| meta.pod(pid).map(|p| p.namespace))
+            .collect();
+        if let Some(Some(first)) = namespaces.first()
+            && namespaces.iter().all(|n| n.as_ref() == Some(first))
+        {
+            labels.push(("namespace".into(), first.clone()));
+        }
+    }
+    labels
+}
+
+/// Each probe with `stacks`: its operations of the window by start stack,
+/// one profile per service (`probe_<name>`, labelled `probe=<name>`).
+fn probe_profiles(
+    probes: &mut ProbeHistograms,
+    meta: &mut MetadataCache,
+    node: &str,
+    window: &ProfileWindow,
+) -> Vec<ServiceProfile> {
+    let window = ProfileWindow {
+        frequency_hz: 1,
+        kind: crate::profile::ProfileKind::Latency,
+        ..*window
+    };
+    let mut profiles = Vec::new();
+    for (index, probe, stacks) in probes.take_stack_windows() {
+        let mut groups: HashMap<String, HashMap<StackKey, StackCounts>> = HashMap::new();
+        for (key, count) in stacks {
+            groups
+                .entry(meta.service(key.pid))
+                .or_default()
+                .insert(key, count);
+        }
+        let mut groups: Vec<_> = groups.into_iter().collect();
+        groups.sort_by(|a, b| a.0.cmp(&b.0));
+        for (service, stacks) in groups {
+            let Some(mut profile) = probes.build_stack_profile(index, &stacks, &window) else {
+                continue;
+            };
+            meta.label(&mut profile, node);
+            let pprof = match crate::profile::pprof::encode_gzip(&profile) {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    tracing::warn!(probe = %probe, service = %service, "encoding a profile failed: {error}");
+                    continue;
+                }
+            };
+            let pids: Vec<u32> = stacks.keys().map(|k| k.pid).collect();
+            let mut labels = series_labels(meta, &service, &pids, node);
+            labels.push(("probe".into(), probe.clone()));
+            profiles.push(ServiceProfile {
+                name: profiler_export::probe_profile_name(&probe),
+                service,
+                labels,
+                pprof: Arc::new(pprof),
+                profile: Arc::new(profile),
+            });
+        }
+    }
+    probes.end_stack_window();
+    profiles
 }
 
 /// What the run profiles, for the start line.

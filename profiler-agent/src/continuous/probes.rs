@@ -4,9 +4,14 @@
 //! `profiler-agent latency`, one metric family per probe
 //! (`profiler_probe_<name>_latency_seconds`, `profiler_probe_<name>_hits_total`).
 //!
+//! With `stacks = true`, each window also gets the probe's operations by
+//! the user stack they began at (`latency --stacks`' profile), which the
+//! agent sends to the exporters as `probe_<name>`.
+//!
 //! A probe that cannot be attached (binary missing on this node, a typo)
 //! is logged with the reason and left out; the rest of the agent runs.
 
+use std::collections::HashMap;
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 
@@ -18,6 +23,8 @@ use crate::latency::plan::{parse_linear, parse_unit};
 use crate::latency::render::prometheus_report;
 use crate::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, plan};
 use crate::probes::spec::ProbeSpec;
+use crate::profile::Profile;
+use crate::record::{ProfileWindow, StackCounts, StackKey};
 
 /// One `[[probes]]` entry.
 #[cfg_attr(test, derive(serde::Serialize))]
@@ -56,6 +63,15 @@ pub struct ProbeConfig {
     /// later (a duration like "5m"); empty: stay detached.
     #[serde(default)]
     pub reattach_after: String,
+    /// Walk the user stack at each start: every window, a profile of the
+    /// operations by the stack they began at (`count` and
+    /// `latency/nanoseconds`) goes to the exporters as `probe_<name>`.
+    #[serde(default)]
+    pub stacks: bool,
+    /// With `stacks`: only operations at least this long (like "10ms");
+    /// empty: all.
+    #[serde(default)]
+    pub min_latency: String,
 }
 
 fn default_unit() -> String {
@@ -120,9 +136,35 @@ impl ProbeConfig {
             } else {
                 KeyBy::parse(&self.by).map_err(invalid)?
             },
-            stacks: None,
+            stacks: self.stacks_min_latency()?,
             trace: Default::default(),
         })
+    }
+
+    /// `stacks` and `min_latency` as the latency options take them.
+    fn stacks_min_latency(&self) -> Result<Option<u64>, ProbeConfigError> {
+        let invalid = |message: String| ProbeConfigError::Invalid {
+            name: self.name.clone(),
+            message,
+        };
+        let min = self.min_latency.trim();
+        if !self.stacks {
+            return if min.is_empty() {
+                Ok(None)
+            } else {
+                Err(invalid("min_latency needs stacks = true".into()))
+            };
+        }
+        if min.is_empty() {
+            return Ok(Some(0));
+        }
+        humantime::parse_duration(min)
+            .map(|d| Some(d.as_nanos().min(u64::MAX as u128) as u64))
+            .map_err(|e| {
+                invalid(format!(
+                    "min_latency {min:?} is not a duration like 10ms: {e}"
+                ))
+            })
     }
 }
 
@@ -213,6 +255,10 @@ impl ProbeHistograms {
     /// one).
     pub fn check(&mut self, now: Instant) {
         for probe in &mut self.attached {
+            // New processes running the probed binaries get their tables.
+            if let Some(stacks) = probe.session.stacks_mut() {
+                stacks.refresh();
+            }
             match probe.detached_at {
                 None => {
                     if let Some(trip) = probe.breaker.check(
@@ -287,6 +333,39 @@ impl ProbeHistograms {
         out
     }
 
+    /// The window's operations by start stack, per probe with `stacks`:
+    /// (probe index, probe name, stacks).
+    pub fn take_stack_windows(&mut self) -> Vec<(usize, String, HashMap<StackKey, StackCounts>)> {
+        self.attached
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(index, probe)| {
+                let stacks = probe.session.stacks_mut()?.take_window();
+                Some((index, probe.name.clone(), stacks))
+            })
+            .collect()
+    }
+
+    /// A profile of some of a probe's window stacks (`take_stack_windows`).
+    pub fn build_stack_profile(
+        &mut self,
+        index: usize,
+        stacks: &HashMap<StackKey, StackCounts>,
+        window: &ProfileWindow,
+    ) -> Option<Profile> {
+        let probe = self.attached.get_mut(index)?;
+        Some(probe.session.stacks_mut()?.build(stacks, window))
+    }
+
+    /// After a window's profiles are built: forgets exited processes.
+    pub fn end_stack_window(&mut self) {
+        for probe in &mut self.attached {
+            if let Some(stacks) = probe.session.stacks_mut() {
+                stacks.forget_exited();
+            }
+        }
+    }
+
     /// Detaches every probe (lowering USDT semaphores).
     pub fn detach(&mut self) {
         for probe in &mut self.attached {
@@ -311,6 +390,8 @@ mod tests {
             linear: String::new(),
             budget: None,
             reattach_after: String::new(),
+            stacks: false,
+            min_latency: String::new(),
         }
     }
 
@@ -337,6 +418,15 @@ mod tests {
         count.count = true;
         count.by = "arg0".into();
         validate(&[count]).unwrap();
+        let mut stacks = ok.clone();
+        stacks.min_latency = "10ms".into();
+        let error = validate(std::slice::from_ref(&stacks)).unwrap_err();
+        assert!(error.to_string().contains("needs stacks = true"), "{error}");
+        stacks.stacks = true;
+        assert_eq!(stacks.options().unwrap().stacks, Some(10_000_000));
+        stacks.min_latency = "soon".into();
+        let error = validate(&[stacks]).unwrap_err();
+        assert!(error.to_string().contains("\"soon\""), "{error}");
     }
 
     #[test]

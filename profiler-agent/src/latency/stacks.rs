@@ -7,6 +7,12 @@
 //! once (`STACKS`) and totals the operations per stack in the kernel
 //! (`STACK_TOTALS`). At the end the stacks become a profile with two
 //! sample types, `count` (operations) and `latency/nanoseconds`.
+//!
+//! The continuous agent (`[[probes]]` with `stacks = true`) takes a
+//! profile per export window instead: what the totals grew by since the
+//! last window. Stacks that saw no operation for `IDLE_WINDOWS` windows
+//! are deleted from the kernel's maps (a long run would otherwise fill
+//! `STACKS` and lose every new stack), as are exited processes' tables.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -31,6 +37,18 @@ pub const PROBE_UNWIND_TABLE_BYTES: u64 = 32 << 20;
 /// How often `/proc` is scanned for new processes mapping a probed file.
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Windows without an operation after which a stack leaves the kernel's
+/// maps (`take_window`).
+const IDLE_WINDOWS: u32 = 3;
+
+/// A stack's totals as last reported, and the windows since they grew.
+#[derive(Clone, Copy, Default)]
+struct Reported {
+    count: u64,
+    sum_ns: u64,
+    idle_windows: u32,
+}
+
 /// The stacks side of a session.
 pub struct ProbeStacks {
     tables: UnwindTables,
@@ -44,6 +62,10 @@ pub struct ProbeStacks {
     registered: HashSet<u32>,
     scanned_at: Option<Instant>,
     started: SystemTime,
+    /// `take_window`: the totals already reported, by stack.
+    reported: HashMap<StackId, Reported>,
+    /// Reused across windows; forgets the objects of exited processes.
+    symbolizer: Symbolizer,
 }
 
 impl ProbeStacks {
@@ -84,6 +106,8 @@ impl ProbeStacks {
             registered: HashSet::new(),
             scanned_at: None,
             started: SystemTime::now(),
+            reported: HashMap::new(),
+            symbolizer: Symbolizer::default(),
         };
         stacks.refresh();
         // The first hits already walk with tables.
@@ -120,42 +144,15 @@ impl ProbeStacks {
     /// stack), its count the operations that began there and its value
     /// their total latency.
     pub fn profile(&mut self) -> Profile {
+        let totals = self.per_stack_totals();
         let mut stacks: HashMap<StackKey, StackCounts> = HashMap::new();
-        let frames: HashMap<StackId, Box<[u64]>> = self
-            .stacks
-            .iter()
-            .filter_map(Result::ok)
-            .map(|(id, stack)| {
-                let len = (stack.len as usize).min(stack.frames.len());
-                (id, stack.frames[..len].into())
-            })
-            .collect();
-        for (id, per_cpu) in self.totals.iter().filter_map(Result::ok) {
-            let Some(user) = frames.get(&id) else {
-                continue;
-            };
-            let (count, sum_ns) = per_cpu
-                .iter()
-                .fold((0, 0), |(c, s), t| (c + t.count, s + t.sum_ns));
-            if count == 0 {
-                continue;
+        for (id, user) in self.frames() {
+            if let Some(&(count, sum_ns)) = totals.get(&id).filter(|t| t.0 > 0) {
+                // Seen only now (it exited before a scan found it): named
+                // from what is left of it, if anything.
+                self.processes.observe(id.tgid, &[]);
+                add(&mut stacks, id, user, count, sum_ns);
             }
-            // Seen only now (it exited before a scan found it): named
-            // from what is left of it, if anything.
-            self.processes.observe(id.tgid, &[]);
-            let key = StackKey {
-                pid: id.tgid,
-                tid: 0,
-                thread: [0; 16],
-                user: user.clone(),
-                kernel: Box::default(),
-                labels: Box::default(),
-            };
-            *stacks.entry(key).or_default() += StackCounts {
-                samples: count,
-                blocked_ns: sum_ns,
-                runq_ns: 0,
-            };
         }
         let window = ProfileWindow {
             started: self.started,
@@ -163,9 +160,127 @@ impl ProbeStacks {
             frequency_hz: 1,
             kind: ProfileKind::Latency,
         };
-        let mut symbolizer = Symbolizer::default();
-        build_profile_of(stacks.iter(), &self.processes, &mut symbolizer, &window)
+        self.build(&stacks, &window)
     }
+
+    /// The operations since the previous call (the continuous agent's
+    /// window), by stack. Then deletes from the kernel the stacks without
+    /// an operation for `IDLE_WINDOWS` windows (an operation still running
+    /// on such a stack is lost when it ends) and totals whose stack is
+    /// gone. Call `forget_exited` once the window's profiles are built.
+    pub fn take_window(&mut self) -> HashMap<StackKey, StackCounts> {
+        let totals = self.per_stack_totals();
+        let frames = self.frames();
+        let mut stacks: HashMap<StackKey, StackCounts> = HashMap::new();
+        for (&id, user) in &frames {
+            let (count, sum_ns) = totals.get(&id).copied().unwrap_or((0, 0));
+            let before = self.reported.entry(id).or_default();
+            let (new_count, new_ns) = (
+                count.saturating_sub(before.count),
+                sum_ns.saturating_sub(before.sum_ns),
+            );
+            *before = Reported {
+                count,
+                sum_ns,
+                idle_windows: if new_count == 0 {
+                    before.idle_windows + 1
+                } else {
+                    0
+                },
+            };
+            if before.idle_windows >= IDLE_WINDOWS {
+                let _ = self.stacks.remove(&id);
+                let _ = self.totals.remove(&id);
+                self.reported.remove(&id);
+            }
+            if new_count > 0 {
+                self.processes.observe(id.tgid, &[]);
+                add(&mut stacks, id, user.clone(), new_count, new_ns);
+            }
+        }
+        for id in totals.keys().filter(|id| !frames.contains_key(id)) {
+            let _ = self.totals.remove(id);
+        }
+        self.reported.retain(|id, _| frames.contains_key(id));
+        stacks
+    }
+
+    /// A profile of (some of) a window's stacks.
+    pub fn build(
+        &mut self,
+        stacks: &HashMap<StackKey, StackCounts>,
+        window: &ProfileWindow,
+    ) -> Profile {
+        build_profile_of(stacks.iter(), &self.processes, &mut self.symbolizer, window)
+    }
+
+    /// Every stored stack's user frames.
+    fn frames(&self) -> HashMap<StackId, Box<[u64]>> {
+        self.stacks
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(id, stack)| {
+                let len = (stack.len as usize).min(stack.frames.len());
+                (id, stack.frames[..len].into())
+            })
+            .collect()
+    }
+
+    /// Operations and their total latency per stack, over the CPUs.
+    fn per_stack_totals(&self) -> HashMap<StackId, (u64, u64)> {
+        self.totals
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(id, per_cpu)| {
+                let totals = per_cpu
+                    .iter()
+                    .fold((0, 0), |(c, s), t| (c + t.count, s + t.sum_ns));
+                (id, totals)
+            })
+            .collect()
+    }
+
+    /// Drops exited processes, their tables and the objects only they
+    /// mapped.
+    pub fn forget_exited(&mut self) {
+        let mut gone = Vec::new();
+        self.processes.retain(|pid| {
+            let alive = std::path::Path::new(&format!("/proc/{pid}")).exists();
+            if !alive {
+                gone.push(pid);
+            }
+            alive
+        });
+        for pid in gone {
+            self.registered.remove(&pid);
+            self.tables.unregister(pid);
+        }
+        let mapped = self.processes.object_ids();
+        self.tables.retain_objects(mapped.clone());
+        self.symbolizer.retain_objects(|id| mapped.contains(id));
+    }
+}
+
+fn add(
+    stacks: &mut HashMap<StackKey, StackCounts>,
+    id: StackId,
+    user: Box<[u64]>,
+    count: u64,
+    sum_ns: u64,
+) {
+    let key = StackKey {
+        pid: id.tgid,
+        tid: 0,
+        thread: [0; 16],
+        user,
+        kernel: Box::default(),
+        labels: Box::default(),
+    };
+    *stacks.entry(key).or_default() += StackCounts {
+        samples: count,
+        blocked_ns: sum_ns,
+        runq_ns: 0,
+    };
 }
 
 /// Processes with a mapping of one of `files` ((device, inode) pairs).
