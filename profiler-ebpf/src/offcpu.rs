@@ -2,13 +2,21 @@
 //! thread was off its CPU, split into blocked and run-queue time, with its
 //! stacks. The design (which tracepoint does what, and why the user stack
 //! is walked at the system call's return) is in `profiler_common::offcpu`.
+//!
+//! A Go thread's record also gets its goroutine's pprof labels (as CPU
+//! samples do), read where its user stack is walked: at the switch-out of
+//! a thread preempted in user mode, and at a system call's return. A
+//! goroutine blocked in a system call (file I/O, cgo, a blocking read)
+//! stays its thread's `curg`, so that time carries its labels; one parked
+//! by the Go scheduler (channels, timers, the netpoller) has left its
+//! thread, whose wait in the scheduler is unlabelled.
 
 use aya_ebpf::{
     EbpfContext,
     bindings::task_struct,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack,
-        bpf_get_task_stack, bpf_ktime_get_ns,
+        bpf_get_task_stack, bpf_ktime_get_ns, generated::bpf_probe_read_kernel as read_kernel_raw,
     },
     macros::{btf_tracepoint, map},
     maps::{Array, LruHashMap, PerCpuArray},
@@ -19,11 +27,13 @@ use profiler_common::offcpu::{
     THREAD_IN_SYSCALL, THREAD_KERNEL, THREAD_STACK_PENDING,
 };
 use profiler_common::{
-    Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, SAMPLE_FLAG_IN_KERNEL,
+    Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_IN_KERNEL,
     SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_OFF_CPU, Sample,
+    UserRegs,
+    golabels::{GoLabels, MAX_GO_LABELS},
 };
 
-use crate::{KERNEL_STACK_BYTES, bump, machine, send, traced, unwind};
+use crate::{KERNEL_STACK_BYTES, bump, golabels, machine, send, traced, unwind};
 
 /// Intervals shorter than this are not recorded (set by the loader).
 #[unsafe(no_mangle)]
@@ -183,6 +193,7 @@ pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
         if walk.unknown_leaf {
             (*record).flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
         }
+        append_go_labels(record, pid, &regs, kernel_frames + walk.frames);
         emit(record, kernel_frames + walk.frames, walk.unknown_leaf);
         let _ = OFF_CPU_PENDING.remove(&tid);
         count_pending(-1);
@@ -318,6 +329,7 @@ fn walk_now(
         (*record).user_frames = walk.frames as u16;
         (*record).user_end = walk.end as u8;
         (*record).flags = flags;
+        append_go_labels(record, pid, regs, kernel_frames + walk.frames);
         if OFF_CPU_PENDING.insert(&tid, &*record, 0).is_err() {
             bump(Counter::OffCpuLost);
             return false;
@@ -509,16 +521,55 @@ unsafe fn add_interval(record: *mut Sample, now: u64, off: u64, runq: u64, weigh
     }
 }
 
-/// Sends the first `frames` frames of a record.
+/// Appends the labels of the goroutine running on the current thread of
+/// `pid` (a registered Go process) after the record's first `frames`
+/// frames, and flags the record.
+///
+/// # Safety
+/// `record` must point to a writable `Sample`.
+#[inline(always)]
+unsafe fn append_go_labels(record: *mut Sample, pid: u32, regs: &UserRegs, frames: u32) {
+    if !golabels::enabled() {
+        return;
+    }
+    let frames = (frames as usize).min(MAX_SAMPLE_FRAMES);
+    let Some((block, len)) = golabels::read(pid, regs) else {
+        return;
+    };
+    // SAFETY: the caller's promise; the block fits in the sample's `tail`
+    // after any number of frames.
+    unsafe {
+        if len <= core::mem::size_of::<GoLabels>()
+            && read_kernel_raw(
+                record.cast::<u8>().add(Sample::record_len(frames)).cast(),
+                len as u32,
+                block.cast(),
+            ) == 0
+        {
+            (*record).flags |= SAMPLE_FLAG_GO_LABELS;
+        }
+    }
+}
+
+/// Sends the first `frames` frames of a record, and its Go labels when it
+/// has them (right after those frames).
 ///
 /// # Safety
 /// `record` must point to a readable `Sample`.
 #[inline(always)]
 unsafe fn emit(record: *const Sample, frames: u32, wake_now: bool) {
     let frames = (frames as usize).min(MAX_SAMPLE_FRAMES);
-    // SAFETY: the caller's promise; record_len(frames) <= size_of Sample.
-    let bytes =
-        unsafe { core::slice::from_raw_parts(record.cast::<u8>(), Sample::record_len(frames)) };
+    let mut len = Sample::record_len(frames);
+    // SAFETY: the caller's promise; the labels block lies within the
+    // sample's `tail` after any number of frames.
+    unsafe {
+        if (*record).flags & SAMPLE_FLAG_GO_LABELS != 0 {
+            let labels = record.cast::<u8>().add(len).cast::<GoLabels>();
+            len += GoLabels::block_len(((*labels).count as usize).min(MAX_GO_LABELS));
+        }
+    }
+    // SAFETY: the caller's promise; len <= size_of Sample.
+    let bytes = unsafe { core::slice::from_raw_parts(record.cast::<u8>(), len) };
     if send(bytes, wake_now) {
         bump(Counter::OffCpuSent);
     } else {
