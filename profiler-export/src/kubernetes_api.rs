@@ -76,10 +76,6 @@ pub enum KubernetesError {
     #[error("[kubernetes] api_url {url:?} is not an http:// or https:// URL")]
     BadApiUrl { url: String },
     #[error(
-        "no node name to select this node's pods: set NODE_NAME from the downward API (fieldRef spec.nodeName) or the `node` key"
-    )]
-    NoNode,
-    #[error(
         "reading the service account token {path}: {source} (mount one with automountServiceAccountToken, set [kubernetes] token_file, or enabled = \"off\")"
     )]
     ReadToken {
@@ -95,14 +91,20 @@ pub enum KubernetesError {
     },
     #[error("the CA file {path} holds no PEM certificate (expected -----BEGIN CERTIFICATE-----)")]
     NoCertificate { path: PathBuf },
-    #[error("starting the Kubernetes watcher thread: {0}")]
-    Spawn(#[source] std::io::Error),
 }
 
 /// The API server's URL: `[kubernetes] api_url`, else the in-cluster one.
 pub fn api_url(config: &KubernetesConfig) -> Result<String, KubernetesError> {
+    api_url_with_env(config, &|name| std::env::var(name).ok())
+}
+
+/// [`api_url`] with the environment injected (tests, the pod watcher).
+pub fn api_url_with_env(
+    config: &KubernetesConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, KubernetesError> {
     let api = if config.api_url.is_empty() {
-        api_url_from_env(&|name| std::env::var(name).ok()).ok_or(KubernetesError::NoApiUrl)?
+        api_url_from_env(env).ok_or(KubernetesError::NoApiUrl)?
     } else {
         config.api_url.clone()
     };

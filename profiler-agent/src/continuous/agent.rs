@@ -44,7 +44,7 @@ pub enum RunError {
     #[error("starting the {name} exporter: {message}")]
     Exporter { name: &'static str, message: String },
     #[error("kubernetes metadata: {0}")]
-    Kubernetes(#[from] kubernetes::KubernetesError),
+    Kubernetes(#[from] kubernetes::WatcherError),
     #[error("[auth]: {0}")]
     Auth(#[from] crate::export::auth::AuthError),
 }

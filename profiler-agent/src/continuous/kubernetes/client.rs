@@ -16,18 +16,11 @@ impl Client {
         config: &KubernetesConfig,
         node: &str,
         env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Client, KubernetesError> {
-        let api = if config.api_url.is_empty() {
-            api_url_from_env(env).ok_or(KubernetesError::NoApiUrl)?
-        } else {
-            config.api_url.clone()
-        };
+    ) -> Result<Client, WatcherError> {
+        let api = api_url_with_env(config, env)?;
         let https = api.starts_with("https://");
-        if !https && !api.starts_with("http://") {
-            return Err(KubernetesError::BadApiUrl { url: api });
-        }
         if node.is_empty() {
-            return Err(KubernetesError::NoNode);
+            return Err(WatcherError::NoNode);
         }
         if !config.token_file.as_os_str().is_empty() {
             read_token(&config.token_file)?;

@@ -36,9 +36,23 @@ pub use self::index::{PodContainer, PodIndex};
 pub use self::watch::{Watcher, WatcherStats, start};
 use self::{client::*, pod::*, watch::*};
 pub use crate::export::kubernetes_api::{
-    KubernetesConfig, KubernetesError, KubernetesMode, api_url, api_url_from_env, percent_encode,
-    read_ca, read_ca_certificates, read_token,
+    KubernetesConfig, KubernetesError, KubernetesMode, api_url, api_url_from_env, api_url_with_env,
+    percent_encode, read_ca, read_ca_certificates, read_token,
 };
+
+/// Why the pod watcher could not start: the API connection's settings, or
+/// what only the watcher needs.
+#[derive(Debug, thiserror::Error)]
+pub enum WatcherError {
+    #[error(transparent)]
+    Api(#[from] KubernetesError),
+    #[error(
+        "no node name to select this node's pods: set NODE_NAME from the downward API (fieldRef spec.nodeName) or the `node` key"
+    )]
+    NoNode,
+    #[error("starting the Kubernetes watcher thread: {0}")]
+    Spawn(#[source] std::io::Error),
+}
 
 /// The server ends each watch after this long; the next one resumes.
 const WATCH_SECONDS: u64 = 300;

@@ -359,7 +359,7 @@ fn on_with_an_unusable_config_names_what_is_missing() {
         .err()
         .unwrap();
     assert!(
-        matches!(error, KubernetesError::ReadToken { .. }),
+        matches!(error, WatcherError::Api(KubernetesError::ReadToken { .. })),
         "{error}"
     );
     assert!(

@@ -45,7 +45,7 @@ pub fn start(
     config: &KubernetesConfig,
     node: &str,
     stop: Arc<AtomicBool>,
-) -> Result<Option<Watcher>, KubernetesError> {
+) -> Result<Option<Watcher>, WatcherError> {
     let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
     start_with_env(config, node, stop, &env)
 }
@@ -56,7 +56,7 @@ pub(super) fn start_with_env(
     node: &str,
     stop: Arc<AtomicBool>,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Option<Watcher>, KubernetesError> {
+) -> Result<Option<Watcher>, WatcherError> {
     let wanted = match config.enabled {
         KubernetesMode::Off => false,
         KubernetesMode::On => true,
@@ -92,7 +92,7 @@ pub(super) fn start_with_env(
     let thread = std::thread::Builder::new()
         .name("kubernetes".into())
         .spawn(move || watch_loop.run())
-        .map_err(KubernetesError::Spawn)?;
+        .map_err(WatcherError::Spawn)?;
     Ok(Some(Watcher {
         index,
         stats,
