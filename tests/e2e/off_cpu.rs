@@ -372,6 +372,43 @@ fn the_continuous_agent_serves_off_cpu_time_on_pulls_and_metrics() {
     assert!(agent.terminate(Duration::from_secs(20)).success());
 }
 
+/// Builds the Go fixture `tests/fixtures/NAME` with toolchain `version`.
+fn build_go(version: &str, name: &str) -> std::path::PathBuf {
+    let out_dir = workspace_root()
+        .join("target/fixtures")
+        .join(std::process::id().to_string());
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let binary = out_dir.join(format!("{name}-{version}"));
+    go_command(
+        &go_toolchain(version),
+        &workspace_root().join("tests/fixtures").join(name),
+        &["build", "-o", binary.to_str().unwrap(), "."],
+        &[],
+    );
+    binary
+}
+
+/// Profiles a gated fixture with `--pid` and `args` from before its work
+/// to its exit: its pid, its first line of output, the agent's exit, the
+/// profile.
+fn profile_gated(binary: &Path, args: &[&str]) -> (String, String, Finished, proto::Profile) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("profile.pb.gz");
+    let mut fixture = Gated::start(binary, &[]);
+    let pid = fixture.pid().to_string();
+    let mut agent_args = vec!["--pid", &pid, "--duration", "60s"];
+    agent_args.extend_from_slice(args);
+    agent_args.extend(["-o", out.to_str().unwrap()]);
+    let mut agent = Background::start(&agent_bin(), &agent_args);
+    agent.wait_for("profiling pid");
+    let line = fixture.run_to_gate();
+    assert!(fixture.finish().success());
+    let finished = agent.wait_exit(Duration::from_secs(30));
+    assert!(finished.status.success(), "{}", finished.stderr);
+    let profile = read_pprof(&out);
+    (pid, line, finished, profile)
+}
+
 /// Outermost user frames of a complete Go stack: a goroutine's
 /// `runtime.goexit`, a thread's `runtime.mstart`, the main thread's
 /// `runtime.rt0_go` (and the entry symbols before it), and
@@ -395,49 +432,16 @@ fn go_threads_wait_in_the_scheduler_and_netpoller_with_complete_stacks() {
     require_bpf_privileges();
     let _serial = serial();
     for version in ["1.19", "1.27.3"] {
-        let go = go_toolchain(version);
-        let out_dir = workspace_root()
-            .join("target/fixtures")
-            .join(std::process::id().to_string());
-        std::fs::create_dir_all(&out_dir).unwrap();
-        let binary = out_dir.join(format!("go-offcpu-{version}"));
-        go_command(
-            &go,
-            &workspace_root().join("tests/fixtures/go_offcpu"),
-            &["build", "-o", binary.to_str().unwrap(), "."],
-            &[],
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("go.pb.gz");
-        let mut fixture = Gated::start(&binary, &[]);
-        let pid = fixture.pid().to_string();
-        let mut agent = Background::start(
-            &agent_bin(),
-            &[
-                "--pid",
-                &pid,
-                "--duration",
-                "60s",
-                "--wall",
-                "--off-cpu-period",
-                "1ms",
-                "-o",
-                out.to_str().unwrap(),
-            ],
-        );
-        agent.wait_for("profiling pid");
-        let line = fixture.run_to_gate();
+        let binary = build_go(version, "go_offcpu");
+        let (pid, line, finished, profile) =
+            profile_gated(&binary, &["--wall", "--off-cpu-period", "1ms"]);
         assert_eq!(line.trim(), "done");
-        assert!(fixture.finish().success());
-        let finished = agent.wait_exit(Duration::from_secs(30));
-        assert!(finished.status.success(), "{}", finished.stderr);
         let report = finished.stderr;
         let elapsed: f64 = report
             .split(" in ")
             .nth(1)
             .and_then(|rest| rest.split('s').next()?.parse().ok())
             .unwrap_or_else(|| panic!("no duration in the report: {report}"));
-        let profile = read_pprof(&out);
         let wall = value_index(&profile, "wall");
         let stacks = stacks(&profile);
         let samples: Vec<(&Stack, i64)> = stacks
@@ -519,37 +523,9 @@ fn go_labels_follow_goroutines_blocked_in_system_calls() {
     require_bpf_privileges();
     let _serial = serial();
     for version in ["1.19", "1.27.3"] {
-        let out_dir = workspace_root()
-            .join("target/fixtures")
-            .join(std::process::id().to_string());
-        std::fs::create_dir_all(&out_dir).unwrap();
-        let binary = out_dir.join(format!("go-offcpu-labels-{version}"));
-        go_command(
-            &go_toolchain(version),
-            &workspace_root().join("tests/fixtures/go_offcpu_labels"),
-            &["build", "-o", binary.to_str().unwrap(), "."],
-            &[],
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("labels.pb.gz");
-        let mut fixture = Gated::start(&binary, &[]);
-        let pid = fixture.pid().to_string();
-        let mut agent = Background::start(
-            &agent_bin(),
-            &[
-                "--pid",
-                &pid,
-                "--duration",
-                "60s",
-                "--off-cpu",
-                "--off-cpu-period",
-                "0",
-                "-o",
-                out.to_str().unwrap(),
-            ],
-        );
-        agent.wait_for("profiling pid");
-        let line = fixture.run_to_gate();
+        let binary = build_go(version, "go_offcpu_labels");
+        let (_, line, finished, profile) =
+            profile_gated(&binary, &["--off-cpu", "--off-cpu-period", "0"]);
         let own: Vec<i64> = line
             .split_whitespace()
             .filter_map(|w| w.parse().ok())
@@ -557,10 +533,6 @@ fn go_labels_follow_goroutines_blocked_in_system_calls() {
         let [long, short, none] = own[..] else {
             panic!("the fixture printed {line:?}");
         };
-        assert!(fixture.finish().success());
-        let finished = agent.wait_exit(Duration::from_secs(30));
-        assert!(finished.status.success(), "{}", finished.stderr);
-        let profile = read_pprof(&out);
         let in_call = |job: Option<&str>| {
             total(&profile, "off_cpu", |s| {
                 s.has("main.blocker")
