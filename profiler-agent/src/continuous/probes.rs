@@ -189,6 +189,13 @@ pub fn validate(probes: &[ProbeConfig]) -> Result<(), ProbeConfigError> {
     Ok(())
 }
 
+/// How often a probe with `stacks` looks in `/proc` for new processes
+/// running its binary (to load their unwind tables): each look reads
+/// every process's maps, too much to do every second on a busy node. A
+/// process started in between has its first hits walked by frame pointers
+/// only.
+const STACKS_SCAN_INTERVAL: Duration = Duration::from_secs(10);
+
 /// One configured probe that was attached, and its circuit breaker.
 struct Attached {
     name: String,
@@ -225,7 +232,10 @@ impl ProbeHistograms {
                         .map_err(|e| e.to_string())
                 });
             match started {
-                Ok((plan, session)) => {
+                Ok((plan, mut session)) => {
+                    if let Some(stacks) = session.stacks_mut() {
+                        stacks.set_scan_interval(STACKS_SCAN_INTERVAL);
+                    }
                     tracing::info!(probe = %probe.name, uprobes = session.attached(), "probe attached");
                     histograms.attached.push(Attached {
                         name: probe.name.clone(),

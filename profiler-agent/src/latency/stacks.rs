@@ -34,7 +34,10 @@ use crate::unwind::{TableStore, UnwindArrays, UnwindTables};
 /// binaries' tables; the sampling agent's default is 64 MiB).
 pub const PROBE_UNWIND_TABLE_BYTES: u64 = 32 << 20;
 
-/// How often `/proc` is scanned for new processes mapping a probed file.
+/// How often `/proc` is scanned for new processes mapping a probed file
+/// (each scan reads every process's maps), by default: `latency` runs
+/// for a while on purpose; the continuous agent scans less often
+/// (`set_scan_interval`).
 const SCAN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Windows without an operation after which a stack leaves the kernel's
@@ -61,6 +64,7 @@ pub struct ProbeStacks {
     files: HashSet<(u64, u64)>,
     registered: HashSet<u32>,
     scanned_at: Option<Instant>,
+    scan_interval: Duration,
     started: SystemTime,
     /// `take_window`: the totals already reported, by stack.
     reported: HashMap<StackId, Reported>,
@@ -105,6 +109,7 @@ impl ProbeStacks {
             files,
             registered: HashSet::new(),
             scanned_at: None,
+            scan_interval: SCAN_INTERVAL,
             started: SystemTime::now(),
             reported: HashMap::new(),
             symbolizer: Symbolizer::default(),
@@ -115,12 +120,17 @@ impl ProbeStacks {
         Ok(stacks)
     }
 
+    /// How often `refresh` scans `/proc`.
+    pub fn set_scan_interval(&mut self, interval: Duration) {
+        self.scan_interval = interval;
+    }
+
     /// Loads the tables of processes that started running a probed binary
-    /// since the last scan (at most once a second).
+    /// since the last scan (at most once per scan interval).
     pub fn refresh(&mut self) {
         if self
             .scanned_at
-            .is_some_and(|at| at.elapsed() < SCAN_INTERVAL)
+            .is_some_and(|at| at.elapsed() < self.scan_interval)
         {
             return;
         }
