@@ -1090,7 +1090,8 @@ fn stacks_at_probe_hits_split_operations_by_call_site() {
 /// window's operations by start stack (`probe_<name>-<service>-<ms>.pb.gz`
 /// in the directory): over the run's windows, operations per call site
 /// equal the fixture's own count (none counted twice across windows, none
-/// lost) and their latency is within 10% of its measurement.
+/// lost) and their latency is within 10% of its measurement; the stacks
+/// leave the kernel's map once idle for 3 windows.
 #[test]
 fn the_continuous_agent_exports_stacks_at_probe_hits_per_window() {
     let _serial = serial();
@@ -1141,9 +1142,28 @@ fn the_continuous_agent_exports_stacks_at_probe_hits_per_window() {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
-    // A window boundary after the last operation; SIGTERM then exports
-    // whatever is left.
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // The stacks stay in the kernel's map until 3 windows pass without an
+    // operation on them, then go (a long run keeps room for new ones);
+    // every operation was exported before.
+    let stored = || {
+        let (_, body) = http_get(port, "/metrics", std::time::Duration::from_secs(5))?;
+        metric_value(&String::from_utf8(body).ok()?, "profiler_probe_work_stacks")
+    };
+    let before = stored();
+    assert!(
+        before.is_some_and(|n| n >= 2.0),
+        "stacks in the kernel's map right after the operations: {before:?}\n{}",
+        agent.log()
+    );
+    let emptied = wait_for(std::time::Duration::from_secs(15), || {
+        stored().filter(|&n| n == 0.0)
+    });
+    assert!(
+        emptied.is_some(),
+        "idle stacks were not deleted: {:?}\n{}",
+        stored(),
+        agent.log()
+    );
     let status = agent.terminate(std::time::Duration::from_secs(30));
     assert!(target.finish().success());
     let log = agent.log();

@@ -339,6 +339,16 @@ impl ProbeHistograms {
                 probe.breaker.budget(),
                 probe.trips
             );
+            if let Some(stacks) = probe.session.stacks() {
+                let _ = writeln!(
+                    out,
+                    "# HELP {prefix}_stacks Distinct start stacks kept in the kernel's map \
+                     (those without an operation for 3 windows are deleted).\n\
+                     # TYPE {prefix}_stacks gauge\n\
+                     {prefix}_stacks {}",
+                    stacks.stored()
+                );
+            }
         }
         out
     }

@@ -311,6 +311,10 @@ impl Session {
         self.stacks.as_mut()
     }
 
+    pub fn stacks(&self) -> Option<&super::stacks::ProbeStacks> {
+        self.stacks.as_ref()
+    }
+
     /// Attaches every site again after `detach` (the maps kept counting
     /// what came before).
     pub fn reattach(&mut self) -> Result<(), SessionError> {

@@ -68,6 +68,8 @@ pub struct ProbeStacks {
     started: SystemTime,
     /// `take_window`: the totals already reported, by stack.
     reported: HashMap<StackId, Reported>,
+    /// Stacks left in the kernel's map after the last `take_window`.
+    stored: usize,
     /// Reused across windows; forgets the objects of exited processes.
     symbolizer: Symbolizer,
 }
@@ -112,6 +114,7 @@ impl ProbeStacks {
             scan_interval: SCAN_INTERVAL,
             started: SystemTime::now(),
             reported: HashMap::new(),
+            stored: 0,
             symbolizer: Symbolizer::default(),
         };
         stacks.refresh();
@@ -212,7 +215,13 @@ impl ProbeStacks {
             let _ = self.totals.remove(id);
         }
         self.reported.retain(|id, _| frames.contains_key(id));
+        self.stored = self.reported.len();
         stacks
+    }
+
+    /// Stacks in the kernel's map after the last window (`take_window`).
+    pub fn stored(&self) -> usize {
+        self.stored
     }
 
     /// A profile of (some of) a window's stacks.
