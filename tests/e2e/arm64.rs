@@ -747,17 +747,51 @@ fn arm64_go_samples_carry_their_goroutines_labels() {
         let is_checkout = label(st, "endpoint").as_deref() == Some("/checkout");
         assert_eq!(gold, is_checkout, "{:?}", st.labels);
     }
-    // The labelled samples are the labelled work's (a few may fall in
-    // pprof.Do around it).
-    let in_heavy = share(&stacks, |st| {
-        label(st, "endpoint").as_deref() == Some("/checkout")
-            && st.frames.iter().any(|(f, _)| f == "main.heavy")
-    });
+    // Labels do not leak onto other work: no labelled sample is in the
+    // work done under another label or under none. (Not every /checkout
+    // sample is in main.heavy: the kernel delivering the fixture's own
+    // SIGPROF (runtime/pprof at 500 Hz) and the runtime's preemption
+    // signals to the goroutine's thread is rightly labelled, but its user
+    // stack is runtime.sigtramp over the interrupted frame's caller: the
+    // walker does not follow signal frames, and main.heavy, a leaf without
+    // a frame, is lost. In a slow emulated guest on a busy host that is a
+    // fifth of the /checkout samples.)
+    let describe = |st: &Stack| {
+        let names: Vec<&str> = st.frames.iter().map(|(f, _)| f.as_str()).collect();
+        format!("{} {:?} {}", st.count, st.labels, names.join(";"))
+    };
+    let leaked: Vec<String> = stacks
+        .iter()
+        .filter(|st| match label(st, "endpoint").as_deref() {
+            Some("/checkout") => st.has("main.medium") || st.has("main.lightLoop"),
+            Some("/search") => st.has("main.heavy") || st.has("main.lightLoop"),
+            _ => false,
+        })
+        .map(describe)
+        .collect();
     assert!(
-        in_heavy >= 0.95 * checkout,
-        "/checkout samples in main.heavy: {:.1}% of {:.1}%",
-        in_heavy * 100.0,
-        checkout * 100.0
+        leaked.is_empty(),
+        "labels on other work:\n{}",
+        leaked.join("\n")
+    );
+    // And they are not missed: the labelled work's samples carry them,
+    // from the first sample on (the layout is registered before the perf
+    // events are attached).
+    let heavy = share(&stacks, |st| st.has("main.heavy"));
+    let heavy_labelled = share(&stacks, |st| {
+        st.has("main.heavy") && label(st, "endpoint").as_deref() == Some("/checkout")
+    });
+    let unlabelled: Vec<String> = stacks
+        .iter()
+        .filter(|st| st.has("main.heavy") && label(st, "endpoint").is_none())
+        .map(describe)
+        .collect();
+    assert!(
+        heavy > 0.05 && heavy_labelled >= 0.95 * heavy,
+        "main.heavy samples labelled /checkout: {:.1}% of {:.1}%; unlabelled:\n{}",
+        heavy_labelled * 100.0,
+        heavy * 100.0,
+        unlabelled.join("\n")
     );
 }
 

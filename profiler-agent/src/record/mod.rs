@@ -219,16 +219,16 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    /// Starts sampling. The `--pid` targets get their unwind tables before
-    /// the first sample; system-wide, running Go processes have theirs
-    /// queued first (their stacks need tables most), and every other
-    /// process gets its tables built when first sampled, on the loader's
-    /// thread.
+    /// Starts sampling. The `--pid` targets get their unwind tables and
+    /// Go label layouts before the first sample; system-wide, running Go
+    /// processes have theirs queued first (their stacks need tables most),
+    /// and every other process gets its tables built when first sampled,
+    /// on the loader's thread.
     pub fn start(config: &SamplingConfig) -> Result<Self, SamplingError> {
         let mut processes = ProcessTable::default();
         let symbolizer = Symbolizer::default();
-        let (mut sampler, tables) = Sampler::start(config, |tables| {
-            if !config.unwind_tables {
+        let (mut sampler, tables) = Sampler::start(config, |tables, go_labels| {
+            if !config.unwind_tables && go_labels.is_none() {
                 return;
             }
             let pids = if config.pids.is_empty() {
@@ -236,31 +236,33 @@ impl Recorder {
             } else {
                 config.pids.clone()
             };
-            for pid in pids {
+            for &pid in &pids {
                 processes.observe(pid, &[]);
-                if let Some(process) = processes.get(pid) {
+            }
+            // Before the perf events are attached: the first samples of
+            // these processes already unwind with tables and carry labels
+            // (a Go binary's layout takes a while to read, seconds in a
+            // slow emulated guest).
+            if config.unwind_tables {
+                for process in processes.iter() {
                     tables.register(process);
                 }
             }
+            if let Some(registry) = go_labels {
+                for process in processes.iter() {
+                    registry.register(process);
+                }
+            }
             if !config.pids.is_empty() {
-                tables.flush();
+                if config.unwind_tables {
+                    tables.flush();
+                }
+                if let Some(registry) = go_labels {
+                    registry.flush();
+                }
             }
         })?;
         let go_labels = sampler.take_go_labels();
-        if let Some(registry) = &go_labels {
-            // The --pid targets (and, system-wide, the Go processes the
-            // tables were queued for) get labels from their first samples
-            // on; others from their first sample.
-            for &pid in &config.pids {
-                processes.observe(pid, &[]);
-            }
-            for process in processes.iter() {
-                registry.register(process);
-            }
-            if !config.pids.is_empty() {
-                registry.flush();
-            }
-        }
         Ok(Recorder {
             window_started: SystemTime::now(),
             sampler,

@@ -157,12 +157,12 @@ pub struct Sampler {
 
 impl Sampler {
     /// Loads the program, fills the pid filter, lets `before_attach` load
-    /// unwind tables (so the first samples already use them), then attaches
-    /// to every CPU. The tables stay with the caller for processes seen
-    /// later.
+    /// unwind tables and register Go processes' label layouts (so the
+    /// first samples already use them), then attaches to every CPU. The
+    /// tables stay with the caller for processes seen later.
     pub fn start(
         config: &SamplingConfig,
-        before_attach: impl FnOnce(&UnwindTables),
+        before_attach: impl FnOnce(&UnwindTables, Option<&GoLabelRegistry>),
     ) -> Result<(Self, UnwindTables), SamplingError> {
         if config.frequency_hz == 0 {
             return Err(SamplingError::BadFrequency(config.frequency_hz));
@@ -228,7 +228,7 @@ impl Sampler {
             profiler_common::unwind::MAX_UNWIND_PROCESSES,
         ))
         .map_err(SamplingError::UnwindThread)?;
-        before_attach(&tables);
+        before_attach(&tables, go_labels.as_ref());
 
         let program: &mut PerfEvent = ebpf
             .program_mut("sample_stack")
