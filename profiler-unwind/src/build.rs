@@ -143,11 +143,27 @@ fn debug_file_rows(
     Some((table, stats, TableSource::DebugFileFrame))
 }
 
-/// The vDSO's table, from its in-memory image.
+/// The vDSO's table, from its in-memory image. Its CFI when it has some,
+/// and in any case a signal rule over the arm64 sigreturn trampoline:
+/// arm64 kernels since 5.8 build the vDSO without `.eh_frame` (Debian's
+/// 6.1 among them), and glibc and Go on arm64 leave `sa_restorer` unset,
+/// so every signal handler returns through `__kernel_rt_sigreturn`.
+/// Without the rule, a walk out of a handler takes the frame record the
+/// kernel left for the interrupted code and loses the interrupted
+/// function itself (libgcc and gdb recognize the trampoline by its
+/// instructions for the same reason).
 pub fn build_vdso(image: &[u8]) -> Result<BuiltTable, NoTable> {
     std::panic::catch_unwind(|| {
         let file = object::File::parse(image).map_err(|e| NoTable::NotElf(e.to_string()))?;
-        let (table, stats, _) = cfi::rows_of(&file).ok_or(NoTable::NoUnwindInfo)?;
+        let trampoline = sigreturn_trampoline(&file);
+        let (table, stats) = match (cfi::rows_of(&file), trampoline) {
+            (Some((table, stats, _)), Some((start, end))) if stats.signal_fdes == 0 => {
+                (table.overlay(&signal_rows(start, end), start, end), stats)
+            }
+            (Some((table, stats, _)), _) => (table, stats),
+            (None, Some((start, end))) => (signal_rows(start, end), CfiStats::default()),
+            (None, None) => return Err(NoTable::NoUnwindInfo),
+        };
         Ok(BuiltTable {
             table,
             source: TableSource::EhFrame,
@@ -156,4 +172,108 @@ pub fn build_vdso(image: &[u8]) -> Result<BuiltTable, NoTable> {
         })
     })
     .unwrap_or(Err(NoTable::Panicked))
+}
+
+/// `mov x8, #139` (`__NR_rt_sigreturn`); `svc #0`: the arm64 vDSO's
+/// `__kernel_rt_sigreturn` (arch/arm64/kernel/vdso/sigreturn.S), the
+/// sequence libgcc's aarch64 unwinder matches.
+const AARCH64_SIGRETURN: [u32; 2] = [0xd280_1168, 0xd400_0001];
+
+/// [start, end) of an arm64 vDSO's `__kernel_rt_sigreturn`, when the
+/// symbol is there and holds the sigreturn instructions. The range starts
+/// one byte early: the walker looks a return address up one byte back,
+/// and the handler's return address is the trampoline's first instruction
+/// (the kernel's own FDE, where there is one, likewise covers the NOP
+/// before it). No instruction starts in that byte on arm64.
+fn sigreturn_trampoline(file: &object::File<'_>) -> Option<(u64, u64)> {
+    use object::{ObjectSection, ObjectSymbol};
+    if Arch::of(file) != Some(Arch::Aarch64) {
+        return None;
+    }
+    let symbol = file
+        .dynamic_symbols()
+        .chain(file.symbols())
+        .find(|s| s.name() == Ok("__kernel_rt_sigreturn"))?;
+    let address = symbol.address();
+    let section = file.section_by_name(".text")?;
+    let offset = address.checked_sub(section.address())?;
+    let code = section.data().ok()?;
+    let start = usize::try_from(offset).ok()?;
+    let words = code.get(start..start.checked_add(8)?)?;
+    let matches = AARCH64_SIGRETURN
+        .iter()
+        .zip(words.chunks_exact(4))
+        .all(|(&want, bytes)| u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) == want);
+    (matches && address > 0).then_some((address - 1, address + 8))
+}
+
+/// A table of one signal rule over [start, end), frame pointers elsewhere.
+fn signal_rows(start: u64, end: u64) -> ObjectTable {
+    use profiler_common::unwind::{RULE_SIGNAL, UnwindRule};
+    ObjectTable::from_sorted([
+        crate::table::TableRow {
+            address: start,
+            rule: UnwindRule {
+                kind: RULE_SIGNAL,
+                ..Default::default()
+            },
+        },
+        crate::table::TableRow {
+            address: end,
+            rule: UnwindRule::default(),
+        },
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object::write::{Object, Symbol, SymbolSection};
+    use object::{Architecture, BinaryFormat, Endianness, SymbolFlags, SymbolKind};
+    use profiler_common::unwind::{RULE_FRAME_POINTER, RULE_SIGNAL};
+
+    const NOP: u32 = 0xd503_201f;
+
+    /// An arm64 object with no CFI whose `.text` holds `code`, with
+    /// `__kernel_rt_sigreturn` at byte `at`.
+    fn vdso_like(code: &[u32], at: u64) -> Vec<u8> {
+        let mut object = Object::new(BinaryFormat::Elf, Architecture::Aarch64, Endianness::Little);
+        let text = object.section_id(object::write::StandardSection::Text);
+        let bytes: Vec<u8> = code.iter().flat_map(|w| w.to_le_bytes()).collect();
+        object.append_section_data(text, &bytes, 4);
+        object.add_symbol(Symbol {
+            name: b"__kernel_rt_sigreturn".to_vec(),
+            value: at,
+            size: 8,
+            kind: SymbolKind::Text,
+            scope: object::SymbolScope::Dynamic,
+            weak: false,
+            section: SymbolSection::Section(text),
+            flags: SymbolFlags::None,
+        });
+        object.write().unwrap()
+    }
+
+    #[test]
+    fn the_arm64_sigreturn_trampoline_is_a_signal_frame_without_cfi() {
+        let code = [NOP, NOP, NOP, AARCH64_SIGRETURN[0], AARCH64_SIGRETURN[1], NOP];
+        let built = build_vdso(&vdso_like(&code, 12)).expect("a table from the trampoline alone");
+        let kind = |address| built.table.rule_at(address).map(|r| r.kind);
+        // The handler returns to the trampoline's first instruction, looked
+        // up one byte back; a sample on either instruction is exact.
+        for address in [11, 12, 16, 19] {
+            assert_eq!(kind(address), Some(RULE_SIGNAL), "at {address}");
+        }
+        assert_ne!(kind(10), Some(RULE_SIGNAL));
+        assert_eq!(kind(20), Some(RULE_FRAME_POINTER));
+    }
+
+    #[test]
+    fn other_code_under_the_trampolines_name_is_not_trusted() {
+        let code = [NOP, NOP, NOP, NOP];
+        assert_eq!(
+            build_vdso(&vdso_like(&code, 4)).err(),
+            Some(NoTable::NoUnwindInfo)
+        );
+    }
 }

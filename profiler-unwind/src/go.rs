@@ -196,10 +196,23 @@ pub fn rows(functions: &[GoFunctionUnwind], arch: Arch) -> ObjectTable {
             None
         };
         match special {
-            Some(rule) => rows.push(TableRow {
-                address: function.entry,
-                rule,
-            }),
+            Some(rule) => {
+                rows.push(TableRow {
+                    address: function.entry,
+                    rule,
+                });
+                // The handler returns to the restorer's entry, and the
+                // walker looks a return address up one byte back: in the
+                // function before, whose INT3 padding that byte is. glibc
+                // covers the byte before `__restore_rt` with its FDE for
+                // the same reason; Go's pclntab has nothing there.
+                if rule.kind == RULE_SIGNAL {
+                    rows.push(TableRow {
+                        address: function.entry - 1,
+                        rule,
+                    });
+                }
+            }
             None => {
                 for &(start, end, delta) in &function.pcsp {
                     if end <= start || start < function.entry || delta < 0 {
@@ -357,6 +370,10 @@ mod tests {
         // signal frame.
         assert_eq!(at(0x10a0), sp(0x18, -16));
         assert_eq!(at(0x10b0), kind(RULE_SIGNAL));
+        // ...also where the handler's return address is looked up, one
+        // byte back; the handler's last bytes before it are its own.
+        assert_eq!(at(0x10af), kind(RULE_SIGNAL));
+        assert_eq!(at(0x10ae), sp(0x18, -16));
         // Go before 1.23: depth and g at 40(SP) and 48(SP); Go 1.19 has
         // no frame-pointer prologue.
         assert_eq!(

@@ -113,3 +113,64 @@ fn go_sha256_stacks_reach_their_root() {
 fn go_deep_recursion_stacks_reach_their_root() {
     check("deep", "main.recurse");
 }
+
+/// Go's signal handler runs on the signal stack and returns through the
+/// restorer Go installs (amd64: `runtime.sigreturn__sigaction`, before Go
+/// 1.20 `runtime.sigreturn`) — an address the walker looks up one byte
+/// back, in the function before it. The `labels` workload takes its own
+/// CPU profile at 500 Hz, so its threads spend a measurable share of their
+/// time in `runtime.sigprof`: each such sample must continue through the
+/// signal frame into the goroutine it interrupted, down to its root.
+#[test]
+fn go_signal_handlers_unwind_into_the_interrupted_goroutine() {
+    require_bpf_privileges();
+    // Built before the fixtures start, so that none runs out while cargo
+    // builds the agent.
+    agent_bin();
+    for version in VERSIONS {
+        let binary = build(version);
+        let dir = tempfile::tempdir().unwrap();
+        let own = dir.path().join("own.pprof");
+        let fixture = Running::start(&binary, &["labels", "30", own.to_str().unwrap()]);
+        let out = dir.path().join("go.pb.gz");
+        let pid = fixture.pid().to_string();
+        let report = record(&[
+            "--pid",
+            &pid,
+            "-F",
+            "997",
+            "--duration",
+            "6s",
+            "-q",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let stacks = stacks(&read_pprof(&out));
+        let handled: Vec<&Stack> = stacks
+            .iter()
+            .filter(|s| s.has("runtime.sigtramp"))
+            .collect();
+        let samples: i64 = handled.iter().map(|s| s.count).sum();
+        println!("Go {version}: {samples} samples in the signal handler\n{report}");
+        assert!(
+            samples >= 5,
+            "Go {version}: only {samples} samples in runtime.sigtramp\n{report}"
+        );
+        for stack in &handled {
+            let restorer = stack
+                .frames
+                .iter()
+                .position(|(name, _)| name.starts_with("runtime.sigreturn"));
+            let interrupted = restorer.and_then(|i| stack.frames.get(i + 1));
+            let rooted = stack
+                .frames
+                .last()
+                .is_some_and(|(name, _)| ROOTS.contains(&name.as_str()));
+            assert!(
+                interrupted.is_some_and(|(name, _)| !name.starts_with('[')) && rooted,
+                "Go {version}: a handler sample does not continue through the signal frame \
+                 into a named, rooted goroutine stack: {stack:?}"
+            );
+        }
+    }
+}

@@ -242,11 +242,36 @@ pub fn run_guest(guest: &Guest, timeout: Duration) -> Result<GuestRun, String> {
             tail(&console, 60)
         ));
     }
-    Ok(GuestRun {
+    let run = GuestRun {
         scenarios: parse(&console),
         console,
         elapsed,
-    })
+    };
+    keep(&run);
+    Ok(run)
+}
+
+/// Leaves the guest's console and the files it sent back under
+/// `target/arm64-guest/` (one folder per scenario, guest paths flattened),
+/// so that a failed assertion on the guest's profiles can be looked into
+/// with `go tool pprof` afterwards. Best effort: the tests do not read them.
+fn keep(run: &GuestRun) {
+    let dir = workspace_root().join("target/arm64-guest");
+    let _ = std::fs::remove_dir_all(&dir);
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let _ = std::fs::write(dir.join("console.log"), &run.console);
+    for (name, scenario) in &run.scenarios {
+        let folder = dir.join(name);
+        if std::fs::create_dir_all(&folder).is_err() {
+            continue;
+        }
+        let _ = std::fs::write(folder.join("log"), &scenario.log);
+        for (path, bytes) in &scenario.files {
+            let _ = std::fs::write(folder.join(path.trim_start_matches('/').replace('/', "_")), bytes);
+        }
+    }
 }
 
 fn build_tree(assets: &Assets, guest: &Guest, tree: &Path) -> Result<(), String> {
