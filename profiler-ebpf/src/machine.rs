@@ -170,9 +170,3 @@ pub fn saved_user() -> SavedUser {
         in_system_call,
     }
 }
-
-/// The current task's user-space registers.
-#[inline(always)]
-pub fn user_regs() -> UserRegs {
-    saved_user().regs
-}

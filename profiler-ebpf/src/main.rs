@@ -116,9 +116,16 @@ fn record_sample(ctx: &PerfEventContext) {
         if kernel_frames > 0 {
             flags |= SAMPLE_FLAG_IN_KERNEL;
         }
-        let regs = machine::user_regs();
-        let walk =
-            unwind::walk_user_stack(unwind::WALK_SAMPLING, pid, &regs, sample, kernel_frames);
+        let saved = machine::saved_user();
+        let regs = saved.regs;
+        let walk = unwind::walk_user_stack(
+            unwind::WALK_SAMPLING,
+            pid,
+            &regs,
+            saved.in_system_call,
+            sample,
+            kernel_frames,
+        );
         let (user_frames, user_end) = (walk.frames, walk.end);
         if walk.unknown_leaf {
             flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;

@@ -184,8 +184,15 @@ pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
             return 0;
         }
         let kernel_frames = ((*record).kernel_frames as u32).min(MAX_STACK_DEPTH as u32);
-        let regs = machine::saved_user().regs;
-        let walk = unwind::walk_user_stack(unwind::WALK_SYSCALL, pid, &regs, record, kernel_frames);
+        let saved = machine::saved_user();
+        let walk = unwind::walk_user_stack(
+            unwind::WALK_SYSCALL,
+            pid,
+            &saved.regs,
+            saved.in_system_call,
+            record,
+            kernel_frames,
+        );
         (*record).pid = pid;
         (*record).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
         (*record).user_frames = walk.frames as u16;
@@ -193,7 +200,7 @@ pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
         if walk.unknown_leaf {
             (*record).flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
         }
-        append_go_labels(record, pid, &regs, kernel_frames + walk.frames);
+        append_go_labels(record, pid, &saved.regs, kernel_frames + walk.frames);
         emit(record, kernel_frames + walk.frames, walk.unknown_leaf);
         let _ = OFF_CPU_PENDING.remove(&tid);
         count_pending(-1);
@@ -319,7 +326,8 @@ fn walk_now(
             flags |= SAMPLE_FLAG_IN_KERNEL;
         }
         let walk =
-            unwind::walk_user_stack(unwind::WALK_SCHEDULER, pid, regs, record, kernel_frames);
+            // Never inside a system call here (those walk at its return).
+            unwind::walk_user_stack(unwind::WALK_SCHEDULER, pid, regs, false, record, kernel_frames);
         if walk.unknown_leaf {
             flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
         }

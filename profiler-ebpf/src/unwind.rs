@@ -81,6 +81,11 @@ struct WalkState {
     /// The next pc was interrupted (by a signal), not a return address:
     /// look it up as is, not one byte back.
     exact_pc: u32,
+    /// The leaf is inside a system call: its PC is the instruction after
+    /// the `syscall`/`svc`, so its rule is looked up one byte back, in the
+    /// instruction that is running (they differ where a function ends with
+    /// its system call: a sigreturn trampoline).
+    leaf_in_system_call: u32,
     /// The leaf PC is in no mapping user space registered for this
     /// process (code mapped since: dlopen, a JIT).
     unknown_leaf: u32,
@@ -118,12 +123,14 @@ pub struct Walk {
 
 /// Walks the current task's user stack into `sample.frames`, after the
 /// `kernel_frames` kernel frames already there, with the walk state of
-/// context `slot` (`WALK_*`).
+/// context `slot` (`WALK_*`); `in_system_call` when the registers are
+/// those of a task inside a system call (`machine::SavedUser`).
 #[inline(always)]
 pub fn walk_user_stack(
     slot: u32,
     pid: u32,
     regs: &UserRegs,
+    in_system_call: bool,
     sample: *mut Sample,
     kernel_frames: u32,
 ) -> Walk {
@@ -155,6 +162,7 @@ pub fn walk_user_stack(
         words::set(&raw mut (*state).kernel_frames, kernel_frames);
         words::set(&raw mut (*state).end, UserStackEnd::Truncated as u32);
         words::set(&raw mut (*state).exact_pc, 0);
+        words::set(&raw mut (*state).leaf_in_system_call, in_system_call as u32);
         words::set(&raw mut (*state).unknown_leaf, 0);
         if let Some(process) = UNWIND_PROCESSES.get(&pid) {
             (*state).first_mapping = process.first_mapping;
@@ -217,7 +225,7 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     state.frames = n + 1;
 
     // A caller's pc is a return address: look up the call instruction.
-    let lookup = if n == 0 || state.exact_pc != 0 {
+    let lookup = if (n == 0 && state.leaf_in_system_call == 0) || state.exact_pc != 0 {
         state.pc
     } else {
         state.pc - 1

@@ -184,7 +184,9 @@ const AARCH64_SIGRETURN: [u32; 2] = [0xd280_1168, 0xd400_0001];
 /// one byte early: the walker looks a return address up one byte back,
 /// and the handler's return address is the trampoline's first instruction
 /// (the kernel's own FDE, where there is one, likewise covers the NOP
-/// before it). No instruction starts in that byte on arm64.
+/// before it). No instruction starts in that byte on arm64. (A sample
+/// inside the rt_sigreturn call has its PC after the `svc`; the walker
+/// looks a leaf in a system call up one byte back too.)
 fn sigreturn_trampoline(file: &object::File<'_>) -> Option<(u64, u64)> {
     use object::{ObjectSection, ObjectSymbol};
     if Arch::of(file) != Some(Arch::Aarch64) {
@@ -256,7 +258,14 @@ mod tests {
 
     #[test]
     fn the_arm64_sigreturn_trampoline_is_a_signal_frame_without_cfi() {
-        let code = [NOP, NOP, NOP, AARCH64_SIGRETURN[0], AARCH64_SIGRETURN[1], NOP];
+        let code = [
+            NOP,
+            NOP,
+            NOP,
+            AARCH64_SIGRETURN[0],
+            AARCH64_SIGRETURN[1],
+            NOP,
+        ];
         let built = build_vdso(&vdso_like(&code, 12)).expect("a table from the trampoline alone");
         let kind = |address| built.table.rule_at(address).map(|r| r.kind);
         // The handler returns to the trampoline's first instruction, looked

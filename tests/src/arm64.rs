@@ -269,7 +269,10 @@ fn keep(run: &GuestRun) {
         }
         let _ = std::fs::write(folder.join("log"), &scenario.log);
         for (path, bytes) in &scenario.files {
-            let _ = std::fs::write(folder.join(path.trim_start_matches('/').replace('/', "_")), bytes);
+            let _ = std::fs::write(
+                folder.join(path.trim_start_matches('/').replace('/', "_")),
+                bytes,
+            );
         }
     }
 }

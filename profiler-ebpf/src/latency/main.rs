@@ -440,8 +440,9 @@ fn record_stack(tgid: u32) -> u64 {
     let Some(sample) = STACK_SCRATCH.get_ptr_mut(0) else {
         return 0;
     };
-    let regs = machine::user_regs();
-    let walk = unwind::walk_user_stack(unwind::WALK_SAMPLING, tgid, &regs, sample, 0);
+    let regs = machine::saved_user().regs;
+    // At a probe: the task is at the probed instruction, not in a call.
+    let walk = unwind::walk_user_stack(unwind::WALK_SAMPLING, tgid, &regs, false, sample, 0);
     let frames = (walk.frames as usize).min(MAX_PROBE_STACK_FRAMES);
     if frames == 0 {
         return 0;
