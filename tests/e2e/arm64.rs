@@ -846,20 +846,6 @@ fn arm64_go_samples_carry_their_goroutines_labels() {
     }
 }
 
-/// The report's count of frames unwound through signal frames is not 0.
-fn assert_signal_frames_walked(report: &str) {
-    let walked = report
-        .split(" through signal frames")
-        .next()
-        .and_then(|head| head.rsplit(", ").next())
-        .and_then(|n| n.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    assert!(
-        walked > 0,
-        "no frame unwound through a signal frame:\n{report}"
-    );
-}
-
 /// A C program's signal handler (glibc sets no sa_restorer on arm64
 /// either), built without frame pointers: samples in the handler continue
 /// through the signal frame into the code it interrupted, to main.

@@ -172,5 +172,6 @@ fn go_signal_handlers_unwind_into_the_interrupted_goroutine() {
                  into a named, rooted goroutine stack: {stack:?}"
             );
         }
+        assert_signal_frames_walked(&report);
     }
 }

@@ -291,16 +291,7 @@ fn signal_handlers_unwind_into_the_interrupted_code() {
         }),
         "perf saw no handler stack reaching the interrupted code: {perf_names:?}"
     );
-    let signal_frames = report
-        .split("through signal frames")
-        .next()
-        .and_then(|head| head.rsplit(", ").next())
-        .and_then(|n| n.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    assert!(
-        signal_frames > 0,
-        "no frame unwound through a signal frame:\n{report}"
-    );
+    assert_signal_frames_walked(&report);
 }
 
 /// Function names of perf's stacks, from our own fixture's symbol table

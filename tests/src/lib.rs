@@ -165,6 +165,21 @@ pub fn record(args: &[&str]) -> String {
     stderr
 }
 
+/// Fails unless the agent's end-of-run `report` counts frames unwound
+/// through signal frames ("N through signal frames").
+pub fn assert_signal_frames_walked(report: &str) {
+    let walked = report
+        .split(" through signal frames")
+        .next()
+        .and_then(|head| head.rsplit(", ").next())
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(
+        walked > 0,
+        "no frame unwound through a signal frame:\n{report}"
+    );
+}
+
 /// A decoded sample: frame names leaf first, kernel flags, labels.
 #[derive(Debug, Clone)]
 pub struct Stack {
