@@ -77,16 +77,34 @@ impl Managed {
 
     /// Waits up to `timeout` for the process to exit; kills it after that.
     /// Returns its exit status and the last usage seen while it lived.
-    pub fn wait(mut self, timeout: Duration) -> anyhow::Result<(ExitStatus, Usage)> {
+    pub fn wait(self, timeout: Duration) -> anyhow::Result<(ExitStatus, Usage)> {
+        let name = self.name.clone();
+        match self.wait_or_kill(timeout)? {
+            (Some(status), usage) => Ok((status, usage)),
+            (None, _) => bail!("{name} did not exit within {timeout:?}; killed it"),
+        }
+    }
+
+    /// Like `wait`, but a process still running after `timeout` is killed
+    /// and reported as `None` with the usage seen until then, not as an
+    /// error.
+    pub fn wait_or_kill(
+        mut self,
+        timeout: Duration,
+    ) -> anyhow::Result<(Option<ExitStatus>, Usage)> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.exited()? {
                 let usage = self.finish_watch();
                 self.child = None;
-                return Ok((status, usage));
+                return Ok((Some(status), usage));
             }
             if Instant::now() >= deadline {
-                bail!("{} did not exit within {timeout:?}; killed it", self.name);
+                if let Some(mut child) = self.child.take() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+                return Ok((None, self.finish_watch()));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -336,8 +336,29 @@ impl Running {
         };
         process.interrupt()?;
         let name = process.name.clone();
-        let (status, usage) = process.wait(STOP_TIMEOUT)?;
+        let (status, usage) = process.wait_or_kill(STOP_TIMEOUT)?;
         let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let Some(status) = status else {
+            // The agent must stop when told. A baseline that hangs on its
+            // way out (bpftrace was once seen stuck printing its maps after
+            // SIGINT) has already been measured: its window's costs stand,
+            // and nothing of ours failed.
+            if self.tool == Tool::Agent {
+                bail!(
+                    "{name} did not exit within {STOP_TIMEOUT:?} of SIGINT; killed it:\n{}",
+                    super::process::log_tail(&self.log)
+                );
+            }
+            eprintln!(
+                "bench: {name} did not exit within {STOP_TIMEOUT:?} of SIGINT; killed it \
+                 (its measured window stands)"
+            );
+            return Ok(Stopped {
+                peak_rss_bytes: usage.peak_rss_bytes,
+                cpu_seconds: usage.cpu_seconds,
+                log,
+            });
+        };
         // perf and bcc exit non-zero on SIGINT in some versions; only the
         // agent's own exit status is a result here.
         if self.tool == Tool::Agent && !status.success() {
