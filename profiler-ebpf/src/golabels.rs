@@ -128,8 +128,11 @@ fn current_m(process: &GoProcess, regs: &UserRegs) -> Option<u64> {
     m_of(process, g)
 }
 
-/// `g.m`, if `g` is a g whose m names it as its current goroutine or its
-/// g0 (a register that holds anything else fails this).
+/// `g.m`, if `g` is a g running on that m: its g0, its current goroutine,
+/// or another g whose m's current goroutine runs on the same m (its signal
+/// goroutine `gsignal`, which the g register and TLS hold while a signal
+/// handler runs; the samples there are the interrupted goroutine's, as in
+/// Go's own profiles). A register that holds anything else fails this.
 #[inline(always)]
 fn m_of(process: &GoProcess, g: u64) -> Option<u64> {
     if !plausible(g) {
@@ -140,7 +143,11 @@ fn m_of(process: &GoProcess, g: u64) -> Option<u64> {
         return None;
     }
     let g0 = read_word(m)?;
-    if g0 == g || read_word(m + process.m_curg as u64)? == g {
+    if g0 == g {
+        return Some(m);
+    }
+    let curg = read_word(m + process.m_curg as u64)?;
+    if curg == g || (plausible(curg) && read_word(curg + process.g_m as u64)? == m) {
         Some(m)
     } else {
         None

@@ -161,15 +161,40 @@ fn go_signal_handlers_unwind_into_the_interrupted_goroutine() {
                 .frames
                 .iter()
                 .position(|(name, _)| name.starts_with("runtime.sigreturn"));
-            let interrupted = restorer.and_then(|i| stack.frames.get(i + 1));
-            let rooted = stack
-                .frames
-                .last()
-                .is_some_and(|(name, _)| ROOTS.contains(&name.as_str()));
+            let interrupted = restorer.and_then(|i| Some((i + 1, stack.frames.get(i + 1)?)));
+            // A root, or where the tables stop on purpose (README, Status):
+            // the scheduler's stack switch (runtime.mcall), stack growth
+            // (runtime.morestack), or an interrupted runtime function that
+            // had moved to the system stack (the vDSO calls nanotime1 and
+            // walltime).
+            let ended_well = stack.frames.last().is_some_and(|(name, _)| {
+                ROOTS.contains(&name.as_str())
+                    || ["runtime.mcall", "runtime.morestack"].contains(&name.as_str())
+            }) || interrupted.is_some_and(|(i, (name, _))| {
+                i + 1 == stack.frames.len() && name.starts_with("runtime.")
+            });
             assert!(
-                interrupted.is_some_and(|(name, _)| !name.starts_with('[')) && rooted,
+                interrupted.is_some_and(|(_, (name, _))| !name.starts_with('[')) && ended_well,
                 "Go {version}: a handler sample does not continue through the signal frame \
                  into a named, rooted goroutine stack: {stack:?}"
+            );
+            // The handler runs on the signal goroutine; its samples carry
+            // the labels of the goroutine it interrupted, as Go's own
+            // profile does.
+            let endpoint = stack.labels.get("endpoint").map(String::as_str);
+            let expected: &[Option<&str>] = if stack.has("main.heavy") {
+                &[Some("/checkout")]
+            } else if stack.has("main.medium") {
+                &[Some("/search"), Some("/wide")]
+            } else if stack.has("main.lightLoop") {
+                &[None]
+            } else {
+                continue;
+            };
+            assert!(
+                expected.contains(&endpoint),
+                "Go {version}: a handler sample is labelled {endpoint:?}, not as the work it \
+                 interrupted ({expected:?}): {stack:?}"
             );
         }
         assert_signal_frames_walked(&report);
