@@ -501,6 +501,13 @@ fn the_circuit_breaker_detaches_a_probe_that_fires_too_often() {
         slowest * 10 < before && last * 2 >= before,
         "ops per 100 ms: before {before}, slowest {slowest}, last second {last}: {slices:?}"
     );
+    // Detached within a second of the storm reaching it: at most ten
+    // slices ran at under half the fixture's own pace.
+    let slowed = slices.iter().filter(|s| s.1 * 2 < before).count();
+    assert!(
+        slowed <= 10,
+        "{slowed} slices of 100 ms under half the pace of {before} ops: {slices:?}"
+    );
 }
 
 #[test]
