@@ -262,7 +262,19 @@ fn run() -> &'static Run {
     RUN.get_or_init(|| {
         require_bpf_privileges();
         let (guest, binaries) = guest();
-        let result = run_guest(&guest, Duration::from_secs(900));
+        let mut result = run_guest(&guest, Duration::from_secs(900));
+        // Once in about twenty boots here, the emulated guest's kernel
+        // reported a CPU stuck for minutes in the latency scenario's agent
+        // (a soft lockup; the guest now panics on one). It did not come
+        // back in the runs that followed, with or without the same
+        // binaries, so it is taken for the emulation's and the guest is
+        // booted once more; a second lockup fails the lane.
+        if let Err(error) = &result
+            && error.contains("soft lockup")
+        {
+            eprintln!("arm64 guest: soft lockup, booting it once more:\n{error}");
+            result = run_guest(&guest, Duration::from_secs(900));
+        }
         if let Ok(run) = &result {
             eprintln!(
                 "arm64 guest: {} scenarios in {:.0} s",
@@ -520,8 +532,12 @@ fn arm64_go_stacks_are_complete_with_inline_frames_and_match_go_addr2line() {
                 if let Some(leaf) = user.first() {
                     leaves.insert(leaf.address);
                 }
-                for pair in user.windows(2) {
-                    if location_function(pair[0]) == "__kernel_rt_sigreturn" {
+                // The trampoline is named, or, as the leaf inside the
+                // rt_sigreturn call, the address after its `svc`, which
+                // is in no vDSO function.
+                for (i, pair) in user.windows(2).enumerate() {
+                    let name = location_function(pair[0]);
+                    if name == "__kernel_rt_sigreturn" || (i == 0 && name.starts_with("[vdso]")) {
                         leaves.insert(pair[1].address);
                     }
                 }
@@ -817,33 +833,67 @@ fn arm64_go_samples_carry_their_goroutines_labels() {
     // the first sample on (the layout is registered before the perf events
     // are attached).
     let heavy = share(&stacks, |st| st.has("main.heavy"));
+    let unlabelled: Vec<String> = stacks
+        .iter()
+        .filter(|st| st.has("main.heavy") && label(st, "endpoint").is_none())
+        .map(describe)
+        .collect();
     assert!(
         heavy > 0.05 && in_heavy >= 0.95 * heavy,
-        "main.heavy samples labelled /checkout: {:.1}% of {:.1}%",
+        "main.heavy samples labelled /checkout: {:.1}% of {:.1}%; unlabelled:\n{}",
         in_heavy * 100.0,
         heavy * 100.0,
+        unlabelled.join("\n")
     );
     // Go's handler returns through the vDSO's sigreturn trampoline (Go
     // sets no sa_restorer on arm64): every sample in it continues into
-    // the interrupted goroutine, down to its root. How many there are
+    // the interrupted goroutine (or the runtime's own thread, sysmon), down
+    // to its root. How many there are
     // depends on the host's load (from one to a fifth of the samples), so
     // the minimum is the C scenario's (c-signals), whose handler takes a
     // third of its time.
+    // A signal that interrupted the runtime's vDSO calls
+    // (runtime.nanotime1, walltime), which run on the system stack, ends
+    // there: they are stack switchers the tables stop at.
     let handled: Vec<&Stack> = stacks
         .iter()
-        .filter(|st| st.has("runtime.sigtramp"))
+        .filter(|st| st.has("runtime.sigtramp") && !delivering_signal(st))
         .collect();
     for st in handled {
         let trampoline = st.depth_of("__kernel_rt_sigreturn");
-        let interrupted = trampoline.and_then(|i| st.frames.get(i + 1));
+        let interrupted = trampoline.and_then(|i| Some((i + 1, st.frames.get(i + 1)?)));
+        let rooted = st
+            .frames
+            .last()
+            .is_some_and(|(f, _)| GO_ROOTS.contains(&f.as_str()));
+        let stopped_at_a_switch = interrupted
+            .is_some_and(|(i, (name, _))| i + 1 == st.frames.len() && name.starts_with("runtime."));
         assert!(
-            interrupted.is_some_and(|(name, _)| !name.starts_with('['))
-                && st.frames.last().is_some_and(|(f, _)| f == "runtime.goexit"),
+            interrupted.is_some_and(|(_, (name, _))| !name.starts_with('['))
+                && (rooted || stopped_at_a_switch),
             "a handler sample does not continue through the signal frame into a named, \
              rooted goroutine stack: {}",
             describe(st)
         );
     }
+}
+
+/// The sample caught the kernel setting up a signal's frame: it rewrites
+/// the user registers one by one (arm64's setup_return: SP, FP, PC, then
+/// the link register), so they may be half the handler's and half the
+/// interrupted code's, and no unwinder can tell.
+fn delivering_signal(stack: &Stack) -> bool {
+    const DELIVERY: &[&str] = &[
+        "do_notify_resume",
+        "do_signal",
+        "handle_signal",
+        "setup_rt_frame",
+        "signal_setup_done",
+    ];
+    stack
+        .frames
+        .iter()
+        .any(|(name, kernel)| *kernel && DELIVERY.contains(&name.as_str()))
 }
 
 /// A C program's signal handler (glibc sets no sa_restorer on arm64
@@ -853,7 +903,10 @@ fn arm64_go_samples_carry_their_goroutines_labels() {
 fn arm64_c_signal_handlers_unwind_into_the_interrupted_code() {
     let (s, _) = scenario("c-signals");
     let stacks = stacks(&profile_of(s, "c-signals"));
-    let handled: Vec<&Stack> = stacks.iter().filter(|st| st.has("on_alarm")).collect();
+    let handled: Vec<&Stack> = stacks
+        .iter()
+        .filter(|st| st.has("on_alarm") && !delivering_signal(st))
+        .collect();
     let samples: i64 = handled.iter().map(|st| st.count).sum();
     assert!(
         samples >= 10,

@@ -112,6 +112,9 @@ mount -t tmpfs tmp /tmp
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 ulimit -l unlimited
+# A CPU stuck in the kernel panics the guest (and qemu exits: -no-reboot)
+# instead of leaving the run to its timeout.
+echo 1 > /proc/sys/kernel/softlockup_panic
 echo "=== GUEST $(uname -m) $(uname -r)"
 sh /guest.sh 2>&1
 echo "=== POWEROFF"
@@ -162,6 +165,8 @@ pub fn tail(text: &str, n: usize) -> String {
 /// when the guest does not boot or does not finish within `timeout`.
 pub fn run_guest(guest: &Guest, timeout: Duration) -> Result<GuestRun, String> {
     let assets = arm64_assets();
+    let kept = kept_dir();
+    let _ = std::fs::write(kept.join("guest.sh"), &guest.script);
     let work = tempfile::tempdir().map_err(|e| e.to_string())?;
     let tree = work.path().join("root");
     build_tree(&assets, guest, &tree)?;
@@ -230,6 +235,7 @@ pub fn run_guest(guest: &Guest, timeout: Duration) -> Result<GuestRun, String> {
     };
     let console = String::from_utf8_lossy(&reader.join().unwrap_or_default()).replace("\r\n", "\n");
     let elapsed = started.elapsed();
+    let _ = std::fs::write(kept.join("console.log"), &console);
     if status.is_none() {
         return Err(format!(
             "the arm64 guest did not finish within {timeout:?}; console:\n{}",
@@ -247,21 +253,24 @@ pub fn run_guest(guest: &Guest, timeout: Duration) -> Result<GuestRun, String> {
         console,
         elapsed,
     };
-    keep(&run);
+    keep(&kept, &run);
     Ok(run)
 }
 
-/// Leaves the guest's console and the files it sent back under
-/// `target/arm64-guest/` (one folder per scenario, guest paths flattened),
-/// so that a failed assertion on the guest's profiles can be looked into
-/// with `go tool pprof` afterwards. Best effort: the tests do not read them.
-fn keep(run: &GuestRun) {
+/// `target/arm64-guest/`, emptied: where a run leaves its script, its
+/// console and the files the guest sent back, so that a failure can be
+/// looked into afterwards (`go tool pprof` on the profiles). Best effort:
+/// the tests do not read them.
+fn kept_dir() -> PathBuf {
     let dir = workspace_root().join("target/arm64-guest");
     let _ = std::fs::remove_dir_all(&dir);
-    if std::fs::create_dir_all(&dir).is_err() {
-        return;
-    }
-    let _ = std::fs::write(dir.join("console.log"), &run.console);
+    let _ = std::fs::create_dir_all(&dir);
+    dir
+}
+
+/// The scenarios' logs and files under `dir`, one folder per scenario
+/// (guest paths flattened).
+fn keep(dir: &Path, run: &GuestRun) {
     for (name, scenario) in &run.scenarios {
         let folder = dir.join(name);
         if std::fs::create_dir_all(&folder).is_err() {
