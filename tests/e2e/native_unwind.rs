@@ -75,6 +75,7 @@ fn assert_same_callers_as_perf(
     pid: u32,
     perf_stacks: &[Vec<perf::Frame>],
     report: &str,
+    dir: &Path,
 ) {
     let ours = perf::agent_stacks(profile, pid);
     assert!(
@@ -87,7 +88,7 @@ fn assert_same_callers_as_perf(
         ours_total >= 100,
         "the agent recorded only {ours_total} stacks"
     );
-    let disagreement = perf::compare(&ours, perf_stacks);
+    let mut disagreement = perf::compare(&ours, perf_stacks);
     println!(
         "compared with perf: {} agent steps, {} perf steps",
         disagreement.agent_steps, disagreement.perf_steps
@@ -96,6 +97,23 @@ fn assert_same_callers_as_perf(
         disagreement.agent_steps >= 10,
         "too few caller steps to compare: {disagreement:?}"
     );
+    if !disagreement.agrees() && disagreement.missing_steps.is_empty() {
+        // Steps only the agent took can be rare paths perf did not happen
+        // to catch in the same seconds: a path in 0.05% of the time (inside
+        // the exception unwinder) is in about two of perf's samples, and
+        // now and then in three of the agent's ten times fewer. A wrong
+        // unwinding rule gives steps perf never takes however long it
+        // records: record the process again with perf alone, for twice as
+        // long, and look the agent's steps up in both recordings. (Steps
+        // perf takes often and the agent never did stay judged on the
+        // recording made at the same time.)
+        println!("first comparison: {disagreement:#?}\nrecording perf again");
+        let more = PerfRecording::start(pid, 2 * SECONDS, dir).finish();
+        let both: Vec<Vec<perf::Frame>> = perf_stacks.iter().cloned().chain(more).collect();
+        let missing = std::mem::take(&mut disagreement.missing_steps);
+        disagreement = perf::compare(&ours, &both);
+        disagreement.missing_steps = missing;
+    }
     assert!(
         disagreement.agrees(),
         "the agent's callers differ from perf --call-graph dwarf: {disagreement:#?}\n{report}"
@@ -135,7 +153,7 @@ fn check_c_fixture(flags: &[&str]) {
     });
     assert!(under_qsort, "no by_weight stack passes through qsort");
     assert!(report.contains(" 0 did not reach it"), "{report}");
-    assert_same_callers_as_perf(&profile, running.pid(), &perf_stacks, &report);
+    assert_same_callers_as_perf(&profile, running.pid(), &perf_stacks, &report, dir.path());
 }
 
 #[test]
@@ -232,7 +250,7 @@ fn check_cpp_fixture(opt: &str) {
                 .any(|(f, _)| f.contains("_Unwind_") || f.contains("__cxa_throw"))
     });
     assert!(in_flight, "no sample inside the exception unwinder");
-    assert_same_callers_as_perf(&profile, running.pid(), &perf_stacks, &report);
+    assert_same_callers_as_perf(&profile, running.pid(), &perf_stacks, &report, dir.path());
 }
 
 #[test]

@@ -213,6 +213,9 @@ pub struct Disagreement {
     pub agent_samples: i64,
     /// The agent's samples with anything perf never reported.
     pub samples_with_unknowns: i64,
+    /// Up to ten of the agent's stacks (leaf first) with anything perf
+    /// never reported, to read when the check fails.
+    pub stacks_with_unknowns: Vec<(Vec<Frame>, i64)>,
 }
 
 impl Disagreement {
@@ -276,6 +279,9 @@ pub fn compare(agent: &[(Vec<Frame>, i64)], perf: &[Vec<Frame>]) -> Disagreement
         }
         if unknown {
             result.samples_with_unknowns += count;
+            if result.stacks_with_unknowns.len() < 10 {
+                result.stacks_with_unknowns.push((stack.clone(), *count));
+            }
         }
     }
     result.agent_steps = agent_steps.len();
