@@ -15,6 +15,10 @@ const ROOTS: &[&str] = &[
     "runtime.rt0_go",
 ];
 
+/// The scheduler's switches to a thread's own stack: `runtime.mcall`, and
+/// `runtime.morestack` (a goroutine preempted at its stack check).
+const SCHEDULER_SWITCHES: &[&str] = &["runtime.mcall", "runtime.morestack"];
+
 /// Whether `stack` reaches its root: one of `ROOTS`, or the scheduler's
 /// stack switch (`runtime.mcall`, or `runtime.morestack` when a goroutine
 /// was preempted at its stack check) with the scheduler above it. There
@@ -24,8 +28,7 @@ const ROOTS: &[&str] = &[
 fn reaches_root(stack: &Stack) -> bool {
     stack.frames.last().is_some_and(|(name, _)| {
         ROOTS.contains(&name.as_str())
-            || (["runtime.mcall", "runtime.morestack"].contains(&name.as_str())
-                && stack.has("runtime.schedule"))
+            || (SCHEDULER_SWITCHES.contains(&name.as_str()) && stack.has("runtime.schedule"))
     })
 }
 
@@ -173,8 +176,7 @@ fn go_signal_handlers_unwind_into_the_interrupted_goroutine() {
             // had moved to the system stack (the vDSO calls nanotime1 and
             // walltime).
             let ended_well = stack.frames.last().is_some_and(|(name, _)| {
-                ROOTS.contains(&name.as_str())
-                    || ["runtime.mcall", "runtime.morestack"].contains(&name.as_str())
+                ROOTS.contains(&name.as_str()) || SCHEDULER_SWITCHES.contains(&name.as_str())
             }) || interrupted.is_some_and(|(i, (name, _))| {
                 i + 1 == stack.frames.len() && name.starts_with("runtime.")
             });
