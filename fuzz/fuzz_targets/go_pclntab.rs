@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 use object::write::{Object, StandardSection, Symbol, SymbolSection};
 use object::{Architecture, BinaryFormat, Endianness, SectionKind, SymbolFlags, SymbolKind, SymbolScope};
-use profiler_symbolize::go::GoSymbols;
+use profiler_runtimes::go::pclntab::GoSymbols;
 
 const TEXT: u64 = 0x401000;
 
@@ -49,5 +49,5 @@ fuzz_target!(|data: &[u8]| {
         let _ = symbols.frames(pc);
         let _ = symbols.pcsp(pc);
     }
-    let _ = profiler_unwind::go::rows_for(&symbols);
+    let _ = profiler_runtimes::go::unwind::rows_for(&symbols);
 });

@@ -6,9 +6,9 @@
 //! them.
 #![no_std]
 
-pub mod golabels;
 pub mod latency;
 pub mod offcpu;
+pub mod runtimes;
 pub mod unwind;
 
 /// Deepest kernel stack for one sample. It matches the kernel's default
@@ -78,10 +78,10 @@ pub struct Sample {
     /// blocked more than once before returning).
     pub intervals: u32,
     pub frames: [u64; MAX_SAMPLE_FRAMES],
-    /// Room for a `golabels::GoLabels` block after the last frame (the
+    /// Room for a `runtimes::go::GoLabels` block after the last frame (the
     /// block goes right after `frames[kernel_frames + user_frames - 1]`,
     /// so with fewer frames it starts inside `frames`).
-    pub tail: [u8; core::mem::size_of::<golabels::GoLabels>()],
+    pub tail: [u8; core::mem::size_of::<runtimes::go::GoLabels>()],
 }
 
 impl Sample {
@@ -98,7 +98,7 @@ impl Sample {
     pub fn wire_len(&self) -> usize {
         let frames = self.kernel_frames as usize + self.user_frames as usize;
         let labels = match self.go_labels() {
-            Some(labels) => golabels::GoLabels::block_len(labels.count as usize),
+            Some(labels) => runtimes::go::GoLabels::block_len(labels.count as usize),
             None => 0,
         };
         Self::record_len(frames) + labels
@@ -106,8 +106,8 @@ impl Sample {
 
     /// The Go labels block of a record that carries one
     /// (`SAMPLE_FLAG_GO_LABELS`), after its last frame; `count` is at most
-    /// `golabels::MAX_GO_LABELS`.
-    pub fn go_labels(&self) -> Option<&golabels::GoLabels> {
+    /// `runtimes::go::MAX_GO_LABELS`.
+    pub fn go_labels(&self) -> Option<&runtimes::go::GoLabels> {
         if self.flags & SAMPLE_FLAG_GO_LABELS == 0 {
             return None;
         }
@@ -122,9 +122,9 @@ impl Sample {
             &*(self as *const Sample)
                 .cast::<u8>()
                 .add(Self::record_len(frames))
-                .cast::<golabels::GoLabels>()
+                .cast::<runtimes::go::GoLabels>()
         };
-        (labels.count as usize <= golabels::MAX_GO_LABELS).then_some(labels)
+        (labels.count as usize <= runtimes::go::MAX_GO_LABELS).then_some(labels)
     }
 
     /// The kernel stack, leaf first.
@@ -154,7 +154,7 @@ pub const SAMPLE_FLAG_KERNEL_STACK_FAILED: u16 = 1 << 2;
 /// mapped since it last read the process's maps): the sample woke the
 /// agent at once.
 pub const SAMPLE_FLAG_UNKNOWN_MAPPING: u16 = 1 << 3;
-/// The sample caught a goroutine of a Go process: a `golabels::GoLabels`
+/// The sample caught a goroutine of a Go process: a `runtimes::go::GoLabels`
 /// block follows the frames (`Sample::go_labels`).
 pub const SAMPLE_FLAG_GO_LABELS: u16 = 1 << 4;
 
@@ -223,7 +223,7 @@ pub enum Counter {
     /// copied its labels).
     GoLabelsRead = 17,
     /// Of those, samples whose labels were cut: more than
-    /// `golabels::MAX_GO_LABELS`, or a key or value longer than kept.
+    /// `runtimes::go::MAX_GO_LABELS`, or a key or value longer than kept.
     GoLabelsCut = 18,
 }
 
@@ -303,7 +303,7 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::unwind::ProcessUnwind {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for super::golabels::GoProcess {}
+    unsafe impl aya::Pod for super::runtimes::go::GoProcess {}
     // SAFETY: as above (latency types: integers and byte arrays).
     unsafe impl aya::Pod for super::latency::LatencyConfig {}
     // SAFETY: as above.

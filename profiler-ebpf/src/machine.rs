@@ -97,7 +97,7 @@ mod layout {
 
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
 compile_error!(
-    "profiler-ebpf supports x86_64 and aarch64 (set by aya-build from the agent's target)"
+    "profiler-ebpf supports x86_64 and aarch64 (set by profiler-bpf's build script from the agent's target)"
 );
 
 pub use layout::{SIGNAL_FP, SIGNAL_LR, SIGNAL_PC, SIGNAL_SP, USER_LIMIT};

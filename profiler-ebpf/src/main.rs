@@ -15,10 +15,11 @@
 #![allow(internal_features)]
 #![feature(core_intrinsics)]
 
-mod golabels;
 mod machine;
 mod offcpu;
+mod runtimes;
 mod unwind;
+mod walk;
 mod words;
 
 use aya_ebpf::{
@@ -35,7 +36,7 @@ use aya_ebpf::{
 use profiler_common::{
     COUNTER_SLOTS, Counter, MAX_PID_FILTER, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
     SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED,
-    SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_CPU, Sample, golabels::GoLabels,
+    SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_CPU, Sample, runtimes::go::GoLabels,
 };
 
 /// Set by the loader: non-zero means "only pids in `PID_FILTER`". A
@@ -135,8 +136,8 @@ fn record_sample(ctx: &PerfEventContext) {
         let mut record_len = Sample::record_len(frames);
         // A goroutine's labels go after the last frame (the sample's
         // `tail` leaves room for them however many frames there are).
-        if golabels::enabled()
-            && let Some((block, len)) = golabels::read(pid, &regs)
+        if runtimes::go::labels::enabled()
+            && let Some((block, len)) = runtimes::go::labels::read(pid, &regs)
             && len <= core::mem::size_of::<GoLabels>()
             && read_kernel_raw(
                 sample.cast::<u8>().add(record_len).cast(),

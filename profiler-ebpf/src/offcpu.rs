@@ -30,10 +30,10 @@ use profiler_common::{
     Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_IN_KERNEL,
     SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_OFF_CPU, Sample,
     UserRegs,
-    golabels::{GoLabels, MAX_GO_LABELS},
+    runtimes::go::{GoLabels, MAX_GO_LABELS},
 };
 
-use crate::{KERNEL_STACK_BYTES, bump, golabels, machine, send, traced, unwind};
+use crate::{KERNEL_STACK_BYTES, bump, machine, runtimes, send, traced, unwind};
 
 /// Intervals shorter than this are not recorded (set by the loader).
 #[unsafe(no_mangle)]
@@ -537,11 +537,11 @@ unsafe fn add_interval(record: *mut Sample, now: u64, off: u64, runq: u64, weigh
 /// `record` must point to a writable `Sample`.
 #[inline(always)]
 unsafe fn append_go_labels(record: *mut Sample, pid: u32, regs: &UserRegs, frames: u32) {
-    if !golabels::enabled() {
+    if !runtimes::go::labels::enabled() {
         return;
     }
     let frames = (frames as usize).min(MAX_SAMPLE_FRAMES);
-    let Some((block, len)) = golabels::read(pid, regs) else {
+    let Some((block, len)) = runtimes::go::labels::read(pid, regs) else {
         return;
     };
     // SAFETY: the caller's promise; the block fits in the sample's `tail`

@@ -13,7 +13,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::{bpf_loop, bpf_probe_read_user},
+    helpers::bpf_loop,
     macros::map,
     maps::{Array, HashMap, PerCpuArray},
 };
@@ -27,7 +27,8 @@ use profiler_common::unwind::{
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
-use crate::{bump, machine, words};
+use crate::walk::{Step, WalkState, read_pair, read_user, return_to};
+use crate::{bump, machine, runtimes, words};
 
 /// `BPF_F_MMAPABLE`: user space writes the tables through a shared
 /// mapping of the arrays, with no system call per row.
@@ -56,40 +57,6 @@ static UNWIND_MAPPINGS: Array<UnwindMapping> =
 #[map]
 static UNWIND_PROCESSES: HashMap<u32, ProcessUnwind> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
-
-/// The walk in progress on this CPU.
-#[repr(C)]
-struct WalkState {
-    pc: u64,
-    sp: u64,
-    fp: u64,
-    /// The link register, while it still holds a return address (arm64:
-    /// the leaf frame, and the frame a signal interrupted); else 0.
-    lr: u64,
-    /// Go's g register at the sample (a g only if the leaf was Go code).
-    go_g: u64,
-    /// The mapping the previous frame was in (most callers are in the same
-    /// object as their callee): start == end when none.
-    mapping: UnwindMapping,
-    first_mapping: u32,
-    mapping_count: u32,
-    /// User frames written so far, after `kernel_frames` kernel frames.
-    frames: u32,
-    kernel_frames: u32,
-    /// `UserStackEnd` once the walk is over.
-    end: u32,
-    /// The next pc was interrupted (by a signal), not a return address:
-    /// look it up as is, not one byte back.
-    exact_pc: u32,
-    /// The leaf is inside a system call: its PC is the instruction after
-    /// the `syscall`/`svc`, so its rule is looked up one byte back, in the
-    /// instruction that is running (they differ where a function ends with
-    /// its system call: a sigreturn trampoline).
-    leaf_in_system_call: u32,
-    /// The leaf PC is in no mapping user space registered for this
-    /// process (code mapped since: dlopen, a JIT).
-    unknown_leaf: u32,
-}
 
 /// One walk state per context that can walk on a CPU at once: the
 /// perf-event program (`WALK_SAMPLING`) can interrupt any walk; the
@@ -248,7 +215,8 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         }
         RULE_GO_CGOCALLBACK => {
             bump(Counter::FramesFromTables);
-            if let Ok(Some(system_sp)) = system_stack_of(state) {
+            if let Ok(Some(system_sp)) = runtimes::go::stacks::system_stack_of(state.go_g, state.sp)
+            {
                 // Continue on the system stack, in cgocallback's frame
                 // there: the C code that called back is its caller.
                 state.sp = system_sp;
@@ -267,7 +235,7 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         // stacks have not been switched yet.
         RULE_GO_CGOCALL if n > 0 => {
             bump(Counter::FramesFromTables);
-            cgocall_step(state, &rule)
+            runtimes::go::stacks::cgocall_step(state, &rule)
         }
         RULE_ROOT => Ok(Step::End(UserStackEnd::Root)),
         // RULE_STOP, and a kind this walker does not know.
@@ -284,37 +252,6 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
             bump(Counter::UserStackFailed);
             STOP
         }
-    }
-}
-
-enum Step {
-    Next,
-    End(UserStackEnd),
-}
-
-#[inline(always)]
-fn read_user(address: u64) -> Result<u64, ()> {
-    // SAFETY: bpf_probe_read_user checks the address; a fault is an Err.
-    unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| ())
-}
-
-#[inline(always)]
-fn read_pair(address: u64) -> Result<[u64; 2], ()> {
-    // SAFETY: bpf_probe_read_user checks the address; a fault is an Err.
-    unsafe { bpf_probe_read_user(address as *const [u64; 2]) }.map_err(|_| ())
-}
-
-/// Moves to the caller at `pc`; a return address of 0 ends the stack.
-#[inline(always)]
-fn return_to(state: &mut WalkState, return_address: u64) -> Step {
-    state.pc = machine::strip_pointer_auth(return_address);
-    // Only the first frame (or one a signal interrupted) has its return
-    // address in the link register.
-    state.lr = 0;
-    if state.pc == 0 {
-        Step::End(UserStackEnd::Root)
-    } else {
-        Step::Next
     }
 }
 
@@ -416,59 +353,6 @@ fn signal_step(state: &mut WalkState) -> Result<Step, ()> {
     state.lr = machine::strip_pointer_auth(lr);
     state.exact_pc = 1;
     Ok(Step::Next)
-}
-
-/// Caller of Go's asmcgocall (amd64) on the system stack: back onto the
-/// goroutine's stack, where asmcgocall's return address into
-/// runtime.cgocall is (see RULE_GO_CGOCALL): the depth is at SP +
-/// cfa_offset, g at SP + param; the SP asmcgocall saved is `ra_offset`
-/// bytes below its return address, with the caller's FP at CFA +
-/// fp_offset when it pushed one.
-#[inline(always)]
-fn cgocall_step(state: &mut WalkState, rule: &UnwindRule) -> Result<Step, ()> {
-    let depth = read_user(state.sp.wrapping_add(rule.cfa_offset as i64 as u64))?;
-    let g = read_user(state.sp.wrapping_add(rule.param as i64 as u64))?;
-    let saved_sp = if g == 0 {
-        depth
-    } else {
-        // g.stack.hi: the second word of g (g.stack is its first field in
-        // every Go version).
-        read_user(g + 8)?.wrapping_sub(depth)
-    };
-    let cfa = saved_sp.wrapping_add(rule.ra_offset as i64 as u64 + 8);
-    if saved_sp == 0 || cfa >= machine::USER_LIMIT {
-        return Ok(Step::End(UserStackEnd::TableStop));
-    }
-    let return_address = read_user(cfa - 8)?;
-    if rule.fp_offset != 0 {
-        state.fp = read_user(cfa.wrapping_add(rule.fp_offset as i64 as u64))?;
-    }
-    state.sp = cfa;
-    Ok(return_to(state, return_address))
-}
-
-/// `g0.sched.sp` of the goroutine in the g register, if that register holds
-/// the g whose stack SP is on (see RULE_GO_CGOCALLBACK).
-#[inline(always)]
-fn system_stack_of(state: &WalkState) -> Result<Option<u64>, ()> {
-    let g = state.go_g;
-    if g == 0 || g >= machine::USER_LIMIT {
-        return Ok(None);
-    }
-    let bounds = read_pair(g)?; // g.stack.lo, g.stack.hi
-    if !(bounds[0] <= state.sp && state.sp < bounds[1]) {
-        return Ok(None);
-    }
-    let m = read_user(g + 48)?;
-    if m == 0 || m >= machine::USER_LIMIT {
-        return Ok(None);
-    }
-    let g0 = read_user(m)?;
-    if g0 == 0 || g0 >= machine::USER_LIMIT {
-        return Ok(None);
-    }
-    let sp = read_user(g0 + 56)?;
-    Ok((sp != 0 && sp < machine::USER_LIMIT).then_some(sp))
 }
 
 /// The rule covering `pc`: from its process's tables, or the frame-pointer

@@ -19,7 +19,7 @@
 //! everything is open (the listener then should be on loopback, or behind a
 //! NetworkPolicy: README, Security).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -28,6 +28,9 @@ use base64::Engine;
 use serde::Deserialize;
 
 use crate::kubernetes_api::KubernetesConfig;
+use crate::web_config::WebConfig;
+
+use crate::access::{AuthError, Decision};
 
 /// `[auth]` of the agent's configuration.
 // Serialize: the agent's config-keys test reads every key from the types.
@@ -43,94 +46,6 @@ pub struct AuthConfig {
     pub kubernetes: bool,
     /// How long a review's answer is reused [default: 60].
     pub cache_seconds: u64,
-}
-
-/// What a request may do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    Allow,
-    /// No credentials, or credentials nobody accepts: 401.
-    Unauthenticated(String),
-    /// Authenticated, but not allowed this path: 403.
-    Forbidden(String),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum AuthError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{path}: not a valid web config: {reason}")]
-    WebConfig { path: PathBuf, reason: String },
-    #[error("{path}: {reason}")]
-    Tls { path: PathBuf, reason: String },
-    #[error("{path} holds no token")]
-    EmptyToken { path: PathBuf },
-    #[error("[auth] kubernetes = true: {0}")]
-    Kubernetes(String),
-}
-
-/// exporter-toolkit's web config, the parts the agent implements.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct WebConfig {
-    pub tls_server_config: Option<TlsServerConfig>,
-    /// user name -> bcrypt hash of the password.
-    pub basic_auth_users: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct TlsServerConfig {
-    pub cert_file: PathBuf,
-    pub key_file: PathBuf,
-    /// NoClientCert (default), RequestClientCert, RequireAnyClientCert,
-    /// VerifyClientCertIfGiven, RequireAndVerifyClientCert.
-    pub client_auth_type: String,
-    pub client_ca_file: PathBuf,
-    /// TLS12 (default) or TLS13.
-    pub min_version: String,
-}
-
-impl WebConfig {
-    /// Parses the YAML text of a web config at `path` (relative file names
-    /// in it are relative to its directory, as in exporter-toolkit).
-    pub fn parse(text: &str, path: &Path) -> Result<WebConfig, AuthError> {
-        let mut config: WebConfig =
-            serde_yaml::from_str(text).map_err(|e| AuthError::WebConfig {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
-        let dir = path.parent().unwrap_or(Path::new("."));
-        if let Some(tls) = &mut config.tls_server_config {
-            for file in [
-                &mut tls.cert_file,
-                &mut tls.key_file,
-                &mut tls.client_ca_file,
-            ] {
-                if !file.as_os_str().is_empty() && file.is_relative() {
-                    *file = dir.join(&*file);
-                }
-            }
-            if tls.cert_file.as_os_str().is_empty() || tls.key_file.as_os_str().is_empty() {
-                return Err(AuthError::WebConfig {
-                    path: path.to_path_buf(),
-                    reason: "tls_server_config needs cert_file and key_file".into(),
-                });
-            }
-        }
-        for (user, hash) in &config.basic_auth_users {
-            if !hash.starts_with("$2") {
-                return Err(AuthError::WebConfig {
-                    path: path.to_path_buf(),
-                    reason: format!("basic_auth_users.{user} is not a bcrypt hash ($2y$...)"),
-                });
-            }
-        }
-        Ok(config)
-    }
 }
 
 /// A file re-read when its modification time changes.

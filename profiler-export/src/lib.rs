@@ -3,6 +3,7 @@
 //! slow or dead backend never blocks sampling, and the pull endpoints
 //! (`/debug/pprof/profile`, `/metrics`, `/healthz`, `/readyz`).
 
+pub mod access;
 pub mod auth;
 pub mod directory;
 pub mod http_client;
@@ -14,6 +15,7 @@ pub mod queue;
 pub mod server;
 mod tls;
 mod token_review;
+pub mod web_config;
 
 use std::sync::Arc;
 use std::time::SystemTime;

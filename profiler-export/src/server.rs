@@ -30,7 +30,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::{Semaphore, oneshot};
 
 use crate::Metrics;
-use crate::auth::{Auth, Decision};
+use crate::access::Decision;
+use crate::auth::Auth;
 
 /// Profile pulls served at the same time; more get 429.
 const MAX_CONCURRENT_PULLS: usize = 4;

@@ -7,7 +7,8 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObj
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 
-use crate::auth::{AuthError, TlsServerConfig};
+use crate::access::AuthError;
+use crate::web_config::TlsServerConfig;
 
 fn tls_error(path: &std::path::Path, reason: impl std::fmt::Display) -> AuthError {
     AuthError::Tls {

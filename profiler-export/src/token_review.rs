@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::auth::Decision;
+use crate::access::Decision;
 use crate::kubernetes_api::{KubernetesConfig, api_url, read_ca_certificates, read_token};
 
 pub struct Reviewer {

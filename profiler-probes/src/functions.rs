@@ -16,8 +16,8 @@ use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
 use super::registers::Arch;
 use super::spec::{glob_match, is_glob, suggest};
+use profiler_runtimes::go::pclntab::GoSymbols;
 use profiler_symbolize::demangle::{demangle, demangle_base};
-use profiler_symbolize::go::GoSymbols;
 
 /// One function matching a symbol pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,15 +15,16 @@ pub mod demangle;
 pub mod dwarf;
 pub mod elf;
 mod frame;
-pub mod go;
 pub mod kernel;
 pub mod perf_map;
 pub mod process;
-mod shared_bytes;
+pub mod runtime;
+pub mod shared_bytes;
 
 pub use elf::{ElfError, ElfObject};
 pub use frame::{Frame, NameSource, Resolver};
 pub use kernel::KernelSymbols;
+pub use runtime::{RuntimeObjects, RuntimeSymbols, Runtimes};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -79,7 +80,9 @@ fn add_debug_info(
     let mut awaiting = false;
     let found = match dwarf::find_debug_file(parsed, file) {
         Some((_, file)) => Some((file, NameSource::Dwarf)),
-        None => match fetch.filter(|_| wants_debuginfod(parsed) && object.go_symbols().is_none()) {
+        None => match fetch
+            .filter(|_| wants_debuginfod(parsed) && object.runtime_symbols().is_none())
+        {
             Some((client, wait_until)) => {
                 match client.lookup(object.build_id.as_deref().unwrap_or_default(), wait_until) {
                     debuginfod::Lookup::Found(path) => std::fs::File::open(path)
@@ -122,14 +125,12 @@ fn add_debug_info(
 }
 
 /// Whether a debuginfod server is worth asking for this object's debug
-/// file: it has no `.symtab` and no DWARF of its own, and it is not Go
-/// (whose pclntab names everything). A local debug file is looked for first.
+/// file: it has no `.symtab` and no DWARF of its own (and no runtime's own
+/// table names its functions: checked by the caller). A local debug file
+/// is looked for first.
 fn wants_debuginfod(parsed: &object::File<'_>) -> bool {
     use object::Object;
-    parsed.symbol_table().is_none()
-        && [".debug_info", ".gopclntab", ".go.buildinfo"]
-            .iter()
-            .all(|name| parsed.section_by_name(name).is_none())
+    parsed.symbol_table().is_none() && parsed.section_by_name(".debug_info").is_none()
 }
 
 /// Names from MiniDebugInfo (`.gnu_debugdata`), for a binary without a
@@ -231,6 +232,9 @@ pub struct Symbolizer {
     awaiting: Vec<(ObjectId, Vec<u8>)>,
     /// Objects whose debug file was already asked for by `prefetch`.
     prefetched: std::collections::HashSet<ObjectId>,
+    /// The runtimes asked for their own tables of each object (Go's
+    /// pclntab): see `with_runtimes`.
+    runtimes: Runtimes,
 }
 
 impl Default for Symbolizer {
@@ -258,7 +262,15 @@ impl Symbolizer {
             fetch_deadline: None,
             awaiting: Vec::new(),
             prefetched: Default::default(),
+            runtimes: &[],
         }
+    }
+
+    /// The same symbolizer, asking `runtimes` (profiler-runtimes' list)
+    /// for their own tables of every object it parses from now on.
+    pub fn with_runtimes(mut self, runtimes: Runtimes) -> Self {
+        self.runtimes = runtimes;
+        self
     }
 
     /// Asks the debuginfod servers, in the background, for the debug files
@@ -383,7 +395,7 @@ impl Symbolizer {
             if let Some(shared) = build_id.and_then(|id| self.by_build_id.get(id)) {
                 return Ok(shared.clone());
             }
-            let mut object = ElfObject::from_file(&parsed, &bytes, Some(&data));
+            let mut object = ElfObject::from_file(&parsed, &bytes, Some(&data), self.runtimes);
             let fetch = self.debuginfod.as_deref().map(|d| (d, self.fetch_deadline));
             let awaiting = add_debug_info(&mut object, &parsed, &data, file, &mut self.maps, fetch);
             if awaiting && let Some(build_id) = &object.build_id {
@@ -495,10 +507,10 @@ impl Symbolizer {
         // call was `runtime.systemstack_switch` itself); like Go's own
         // traceback, do not step back from a function's entry.
         if lookup_pc != pc
-            && let Some(go) = object.go_symbols()
+            && let Some(runtime) = object.runtime_symbols()
             && let Some(entry) = object
                 .offset_to_address(mapping.file_offset(pc))
-                .filter(|&a| go.function(a).is_some_and(|f| f.entry() == a))
+                .filter(|&a| runtime.function_entry(a) == Some(a))
         {
             address = entry;
         }
@@ -584,7 +596,7 @@ impl Symbolizer {
         let object = self.objects.get(id)?.as_ref()?;
         match &object.build_id {
             Some(bytes) => Some(bytes.iter().map(|b| format!("{b:02x}")).collect()),
-            None => Some(object.go_symbols()?.build_id()?.to_string()),
+            None => object.runtime_symbols()?.build_id(),
         }
     }
 }

@@ -8,6 +8,39 @@ use object::Object;
 use crate::cfi::{self, Arch, CfiSource, CfiStats};
 use crate::table::ObjectTable;
 
+/// What a language runtime adds to an object's table: rows of its own
+/// over the range of its code (Go's pcsp over the Go text), which replace
+/// the CFI's there. The runtimes live in the profiler-runtimes crate; this
+/// crate knows only this trait.
+pub trait RuntimeRows: Send + Sync {
+    /// Short name for logs ("go").
+    fn name(&self) -> &'static str;
+
+    /// Rows for the runtime's code in `file` (read in place in `map` when
+    /// the file was memory-mapped), with the range [start, end) of object
+    /// addresses they cover; None when the object is not this runtime's.
+    /// `cfi` is the object's CFI table, when it has one.
+    fn rows(
+        &self,
+        file: &object::File<'_>,
+        map: Option<&Arc<memmap2::Mmap>>,
+        cfi: Option<&ObjectTable>,
+    ) -> Option<RuntimeTable>;
+}
+
+/// A runtime's rows, and the object addresses they cover.
+#[derive(Debug, Clone)]
+pub struct RuntimeTable {
+    pub table: ObjectTable,
+    pub start: u64,
+    pub end: u64,
+    /// What the table says it came from (`TableSource::GoPcsp`).
+    pub source: TableSource,
+}
+
+/// The runtimes asked for rows of every object.
+pub type Runtimes = &'static [&'static dyn RuntimeRows];
+
 /// Where an object's rows came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TableSource {
@@ -16,7 +49,7 @@ pub enum TableSource {
     /// `.debug_frame` of the separate debug file.
     DebugFileFrame,
     GoPcsp,
-    /// Go's pcsp over the Go text, CFI over the rest (cgo binaries).
+    /// A runtime's rows over its code, CFI over the rest (cgo binaries).
     GoPcspAndCfi,
 }
 
@@ -56,22 +89,23 @@ pub struct DebugSearch<'a> {
 pub fn build(
     map: &Arc<memmap2::Mmap>,
     debug: Option<DebugSearch<'_>>,
+    runtimes: Runtimes,
 ) -> Result<BuiltTable, NoTable> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        build_unguarded(map, Some(map), debug, Arch::native())
+        build_unguarded(map, Some(map), debug, Arch::native(), runtimes)
     }))
     .unwrap_or(Err(NoTable::Panicked))
 }
 
 /// Builds the table of an object given as bytes, for its own architecture
 /// (tests, tools and the fuzz targets).
-pub fn build_bytes(data: &[u8]) -> Result<BuiltTable, NoTable> {
+pub fn build_bytes(data: &[u8], runtimes: Runtimes) -> Result<BuiltTable, NoTable> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let arch = object::File::parse(data)
             .ok()
             .and_then(|f| Arch::of(&f))
             .ok_or(NoTable::OtherArchitecture)?;
-        build_unguarded(data, None, None, arch)
+        build_unguarded(data, None, None, arch, runtimes)
     }))
     .unwrap_or(Err(NoTable::Panicked))
 }
@@ -81,6 +115,7 @@ fn build_unguarded(
     map: Option<&Arc<memmap2::Mmap>>,
     debug: Option<DebugSearch<'_>>,
     arch: Arch,
+    runtimes: Runtimes,
 ) -> Result<BuiltTable, NoTable> {
     let file = object::File::parse(data).map_err(|e| NoTable::NotElf(e.to_string()))?;
     if Arch::of(&file) != Some(arch) {
@@ -94,26 +129,25 @@ fn build_unguarded(
         };
         (table, stats, source)
     });
-    let go = profiler_symbolize::elf::looks_like_go(&file)
-        .then(|| match map {
-            Some(map) => profiler_symbolize::go::GoSymbols::from_mapped(&file, map).ok(),
-            None => profiler_symbolize::go::GoSymbols::from_file(&file).ok(),
-        })
-        .flatten()
-        .and_then(|symbols| crate::go::rows_for(&symbols));
+    let runtime = runtimes
+        .iter()
+        .find_map(|r| r.rows(&file, map, cfi.as_ref().map(|(table, _, _)| table)));
     if cfi.is_none()
-        && go.is_none()
+        && runtime.is_none()
         && let Some(search) = debug
     {
         cfi = debug_file_rows(&file, &search);
     }
-    let (table, source, stats) = match (go, cfi) {
-        (Some((go, start, end)), Some((cfi, stats, _))) => (
-            cfi.overlay(&go, start, end),
-            TableSource::GoPcspAndCfi,
+    let (table, source, stats) = match (runtime, cfi) {
+        (Some(runtime), Some((cfi, stats, _))) => (
+            cfi.overlay(&runtime.table, runtime.start, runtime.end),
+            match runtime.source {
+                TableSource::GoPcsp => TableSource::GoPcspAndCfi,
+                other => other,
+            },
             stats,
         ),
-        (Some((go, _, _)), None) => (go, TableSource::GoPcsp, CfiStats::default()),
+        (Some(runtime), None) => (runtime.table, runtime.source, CfiStats::default()),
         (None, Some((cfi, stats, source))) => (cfi, source, stats),
         (None, None) => return Err(NoTable::NoUnwindInfo),
     };

@@ -7,15 +7,15 @@
 //! follows the frame pointer where no table covers the code. All the
 //! knowledge is produced here, as rows: `cfi` turns `.eh_frame` /
 //! `.debug_frame` into rows (native code without frame pointers, PLT
-//! entries, signal trampolines, the outermost frames), `go` turns Go's
-//! pcsp tables into rows (and knows the runtime's stack switches), `build`
-//! combines them per object and `table` pages them. Loading them into the
-//! BPF maps is the agent's (its `unwind` module); this crate reads binaries
-//! through profiler-symbolize and knows nothing of BPF.
+//! entries, signal trampolines, the outermost frames), `build` combines
+//! them per object with what a language runtime adds over its own code
+//! (`build::RuntimeRows`: Go's pcsp rows, from profiler-runtimes), and
+//! `table` pages them. Loading them into the BPF maps is the sampler's
+//! (profiler-sampling); this crate reads binaries through
+//! profiler-symbolize and knows nothing of BPF.
 
 pub mod build;
 pub mod cfi;
-pub mod go;
 pub mod table;
 
 /// An address inside the call instruction that returns to

@@ -305,7 +305,7 @@ fn profile_of(scenario: &Scenario, name: &str) -> proto::Profile {
         .files
         .get(&format!("/tmp/{name}.pb.gz"))
         .unwrap_or_else(|| panic!("{name}: no profile came back:\n{}", scenario.log));
-    profiler_agent::profile::pprof::decode(bytes)
+    profiler_profile::pprof::decode(bytes)
         .unwrap_or_else(|e| panic!("{name}: the profile does not decode: {e}\n{}", scenario.log))
 }
 

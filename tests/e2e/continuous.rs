@@ -95,7 +95,7 @@ fn go_tool_pprof_reads_the_pull_endpoint() {
     )
     .expect("a pull answers");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    let profile = profiler_agent::profile::pprof::decode(&body).expect("valid pprof");
+    let profile = profiler_profile::pprof::decode(&body).expect("valid pprof");
     let stacks = stacks(&profile);
     assert!(stacks.iter().any(|s| s.has("hot_a")), "{stacks:?}");
     for stack in &stacks {
@@ -116,7 +116,7 @@ fn go_tool_pprof_reads_the_pull_endpoint() {
     )
     .unwrap();
     assert_eq!(status, 200);
-    let empty = profiler_agent::profile::pprof::decode(&body).unwrap();
+    let empty = profiler_profile::pprof::decode(&body).unwrap();
     assert!(empty.sample.is_empty());
     // Bad parameters are refused with the reason.
     let (status, body) = http_get(
@@ -712,7 +712,7 @@ fn a_process_in_its_own_namespaces_and_kubelet_cgroup_is_attributed_to_its_conta
     )
     .expect("a pull answers");
     assert_eq!(status, 200);
-    let profile = profiler_agent::profile::pprof::decode(&body).unwrap();
+    let profile = profiler_profile::pprof::decode(&body).unwrap();
     let stacks = stacks(&profile);
     assert!(
         stacks.iter().any(|s| s.has("hot_a") && s.has("main")),
@@ -961,8 +961,8 @@ fn pyroscope_push_survives_a_backend_outage() {
     assert_eq!(labels["service_name"], "pushed-svc");
     assert_eq!(labels["node"], "node-p");
     assert_eq!(first.ids[0].len(), 36, "ID is a UUID: {:?}", first.ids);
-    let profile = profiler_agent::profile::pprof::decode(&first.profiles[0])
-        .expect("raw_profile is gzip pprof");
+    let profile =
+        profiler_profile::pprof::decode(&first.profiles[0]).expect("raw_profile is gzip pprof");
     let stacks = stacks(&profile);
     assert!(
         stacks.iter().any(|s| s.has("hot_a") && s.has("main")),
@@ -1153,9 +1153,8 @@ fn deploy_manifests_are_valid_kubernetes_objects() {
             .replace("listen = \"127.0.0.1:6060\"", "listen = \"0.0.0.0:6060\"")
             .replace("\nkubernetes = false\n", "\nkubernetes = true\n")
     );
-    let config =
-        profiler_agent::continuous::Config::from_toml(&in_configmap, Path::new("configmap"))
-            .expect("the ConfigMap's config parses");
+    let config = profiler_continuous::Config::from_toml(&in_configmap, Path::new("configmap"))
+        .expect("the ConfigMap's config parses");
     config.validate().expect("and is valid");
     assert_eq!(config.listen, "0.0.0.0:6060");
 }
@@ -1364,7 +1363,7 @@ fn pyroscope_over_tls_trusts_the_configured_ca_only() {
     let push = decode_push(&body);
     let labels: HashMap<String, String> = push.labels[0].iter().cloned().collect();
     assert_eq!(labels["service_name"], "tls-svc");
-    let profile = profiler_agent::profile::pprof::decode(&push.profiles[0]).unwrap();
+    let profile = profiler_profile::pprof::decode(&push.profiles[0]).unwrap();
     assert!(stacks(&profile).iter().any(|s| s.has("hot_a")));
     assert!(agent.terminate(Duration::from_secs(20)).success());
 }
@@ -1460,7 +1459,7 @@ fn a_long_pull_symbolizes_a_process_that_exited_before_it_ended() {
     .expect("the pull answers");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     assert!(waiter.join().unwrap().success());
-    let stacks = stacks(&profiler_agent::profile::pprof::decode(&body).unwrap());
+    let stacks = stacks(&profiler_profile::pprof::decode(&body).unwrap());
     assert!(
         stacks.iter().any(|s| s.has("hot_a") && s.has("main")),
         "the exited process's stacks lost their symbols: {stacks:?}\n{}\n{}",
@@ -1527,7 +1526,7 @@ fn a_cgroup_selection_keeps_only_its_processes() {
     )
     .expect("a pull answers");
     assert_eq!(status, 200);
-    let stacks = stacks(&profiler_agent::profile::pprof::decode(&body).unwrap());
+    let stacks = stacks(&profiler_profile::pprof::decode(&body).unwrap());
     assert!(stacks.iter().any(|s| s.has("hot_a")), "{stacks:?}");
     for stack in &stacks {
         assert_eq!(stack.labels["pid"], inside.pid().to_string(), "{stack:?}");

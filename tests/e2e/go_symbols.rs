@@ -1,4 +1,4 @@
-//! Go symbolization (profiler-symbolize/src/go) against the Go
+//! Go symbolization (profiler-runtimes/src/go/pclntab) against the Go
 //! toolchains' own answers, on binaries built by each toolchain in each
 //! build mode:
 //!
@@ -18,8 +18,8 @@ use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use profiler_agent::symbolize::Frame;
-use profiler_agent::symbolize::go::{GoSymbols, PclntabSource, Strategy};
+use profiler_runtimes::go::pclntab::{GoSymbols, PclntabSource, Strategy};
+use profiler_symbolize::Frame;
 use profiler_tests::{build_go_fixture, go_command, go_toolchain};
 
 /// A build mode: (name, go build flags, extra environment).
@@ -211,7 +211,7 @@ fn every_go_nm_function_is_found(go: &Path, binary: &Path, symbols: &GoSymbols) 
     // symbol table's `.` where the pclntab has `·` (`untracedG·4`), and
     // type arguments print as `[...]`.
     let printed = |name: &str| {
-        profiler_agent::symbolize::go::name_for_print(&name.replace('·', ".")).into_owned()
+        profiler_runtimes::go::pclntab::name_for_print(&name.replace('·', ".")).into_owned()
     };
     let ours: std::collections::HashSet<(u64, String)> = symbols
         .functions()

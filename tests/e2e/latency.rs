@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use profiler_agent::probes::read_probes;
+use profiler_probes::read_probes;
 use profiler_tests::*;
 
 const ROUNDS: u64 = 5;

@@ -320,27 +320,27 @@ fn separate_debug_file_by_build_id() {
     assert!(status.success());
     // The binary as a process inside `root` maps it, with that root held
     // open (as the agent holds a process's) or only named.
-    let object = |root: &Path, held: bool| profiler_agent::process::ObjectFile {
-        id: profiler_agent::process::ObjectId {
+    let object = |root: &Path, held: bool| profiler_symbolize::process::ObjectFile {
+        id: profiler_symbolize::process::ObjectId {
             dev: (0, 0),
             inode: 1,
         },
         path: PathBuf::from("/usr/bin/app"),
         root: root.to_path_buf(),
         root_dir: held
-            .then(|| profiler_agent::process::contained::Root::open(root).ok())
+            .then(|| profiler_symbolize::process::contained::Root::open(root).ok())
             .flatten()
             .map(std::sync::Arc::new),
         file: Err("not needed".into()),
     };
     for held in [true, false] {
-        let found = profiler_agent::symbolize::dwarf::find_debug_file(&file, &object(&root, held))
+        let found = profiler_symbolize::dwarf::find_debug_file(&file, &object(&root, held))
             .map(|(path, _)| path);
         assert_eq!(found.as_ref(), Some(&debug), "root held open: {held}");
         let empty = dir.path().join("empty");
         std::fs::create_dir_all(&empty).unwrap();
         let found: Option<PathBuf> =
-            profiler_agent::symbolize::dwarf::find_debug_file(&file, &object(&empty, held))
+            profiler_symbolize::dwarf::find_debug_file(&file, &object(&empty, held))
                 .map(|(path, _)| path);
         assert_eq!(found, None, "root held open: {held}");
     }

@@ -334,7 +334,7 @@ fn the_continuous_agent_serves_off_cpu_time_on_pulls_and_metrics() {
     let line = fixture.run_to_gate();
     let (status, body) = pull.join().unwrap().expect("the pull answers");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    let profile = profiler_agent::profile::pprof::decode(&body).expect("valid pprof");
+    let profile = profiler_profile::pprof::decode(&body).expect("valid pprof");
     let measured: HashMap<&str, &str> = line
         .split_whitespace()
         .filter_map(|pair| pair.split_once('='))

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use profiler_agent::latency::histogram::{Histogram, Layout, Unit, text};
+use profiler_latency::histogram::{Histogram, Layout, Unit, text};
 use profiler_tests::*;
 
 /// One probe site as the agent listed it.
@@ -555,7 +555,7 @@ fn histogram_text_matches_bpftrace() {
 fn rip_relative_argument_is_resolved_like_nm() {
     // -O2 reads the global `fixture_counter` as `-4@fixture_counter(%rip)`:
     // its address must be the symbol's, as nm prints it.
-    use profiler_agent::probes::{Location, read_probes};
+    use profiler_probes::{Location, read_probes};
     let binary = build_usdt_fixture("-O2", FixtureArch::Native);
     let nm = run_tool("nm", &[binary.to_str().unwrap()]);
     let expected = nm

@@ -9,13 +9,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use profiler_agent::unwind::build::build_bytes;
-use profiler_agent::unwind::table::ObjectTable;
 use profiler_common::unwind::{
     RULE_CFA_DEREF_FP, RULE_CFA_FP, RULE_CFA_SP, RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER,
     RULE_PLT, RULE_ROOT, RULE_SIGNAL, UnwindRule,
 };
 use profiler_tests::*;
+use profiler_unwind::build::build_bytes;
+use profiler_unwind::table::ObjectTable;
 
 /// One row of `readelf -wF`: at `loc`, the CFA rule and the rules of the
 /// frame pointer and the return address (`None` when the column is absent).
@@ -124,7 +124,7 @@ fn readelf_rows(path: &Path, fp_name: &str) -> Vec<(u64, u64, Vec<ReadelfRow>)> 
 
 fn table_of(path: &Path) -> ObjectTable {
     let data = std::fs::read(path).unwrap();
-    build_bytes(&data)
+    build_bytes(&data, profiler_runtimes::UNWIND_ROWS)
         .unwrap_or_else(|e| panic!("no table for {}: {e}", path.display()))
         .table
 }

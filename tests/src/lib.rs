@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-pub use profiler_agent::profile::pprof::proto;
+pub use profiler_profile::pprof::proto;
 
 pub mod arm64;
 pub mod perf;
@@ -52,7 +52,7 @@ pub fn agent_bin() -> PathBuf {
 /// Under CI=true and everywhere else alike: a missing capability is a
 /// failure, never a silent pass.
 pub fn require_bpf_privileges() {
-    if let Err(reason) = profiler_agent::sampling::check_privileges() {
+    if let Err(reason) = profiler_sampling::sampler::check_privileges() {
         panic!(
             "this end-to-end test loads BPF programs and cannot run here: {reason}. \
              Run the tests as root (CI={})",
@@ -214,7 +214,7 @@ impl Stack {
 /// Reads a gzip pprof file written by the agent.
 pub fn read_pprof(path: &Path) -> proto::Profile {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    profiler_agent::profile::pprof::decode(&bytes).expect("valid pprof")
+    profiler_profile::pprof::decode(&bytes).expect("valid pprof")
 }
 
 /// Every sample of a pprof profile with its names resolved.

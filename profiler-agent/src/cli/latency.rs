@@ -10,12 +10,12 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use profiler_common::latency::LatencyCounter;
 
-use crate::latency::breaker::Breaker;
-use crate::latency::histogram::{Layout, Unit};
-use crate::latency::plan::{parse_linear, parse_unit};
-use crate::latency::render::{prometheus_report, text_report};
-use crate::latency::{KeyBy, LatencyOptions, Measure, Plan, Session, Snapshot, plan};
-use crate::probes::spec::ProbeSpec;
+use profiler_latency::breaker::Breaker;
+use profiler_latency::histogram::{Layout, Unit};
+use profiler_latency::plan::{parse_linear, parse_unit};
+use profiler_latency::render::{prometheus_report, text_report};
+use profiler_latency::{KeyBy, LatencyOptions, Measure, Plan, Session, Snapshot, plan};
+use profiler_probes::spec::ProbeSpec;
 
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
@@ -67,7 +67,7 @@ pub struct LatencyArgs {
     /// Circuit breaker: hits per second on any one CPU above which the
     /// probes are detached (each hit traps into the kernel, about 1-2 us;
     /// the default keeps them near 1% of a CPU); 0: no limit.
-    #[arg(long, value_name = "HITS", default_value_t = crate::latency::breaker::DEFAULT_BUDGET)]
+    #[arg(long, value_name = "HITS", default_value_t = profiler_latency::breaker::DEFAULT_BUDGET)]
     budget: u64,
 
     /// Also write where operations begin, as a profile (the format follows
@@ -120,7 +120,7 @@ pub fn run(args: &LatencyArgs) -> anyhow::Result<()> {
     };
     let stacks_format = match &args.stacks {
         Some(path) => {
-            let format = crate::profile::Format::from_path(path).with_context(|| {
+            let format = profiler_profile::Format::from_path(path).with_context(|| {
                 format!(
                     "--stacks {}: name the file .pb.gz, .folded or .svg",
                     path.display()

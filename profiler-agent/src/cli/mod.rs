@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::profile::Format;
+use profiler_profile::Format;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -158,8 +158,8 @@ pub struct RecordArgs {
 
 impl RecordArgs {
     /// What to do with Go labels, from the flags.
-    pub fn go_labels_config(&self) -> Option<crate::golabels::GoLabelsConfig> {
-        (!self.no_go_labels).then(|| crate::golabels::GoLabelsConfig {
+    pub fn go_labels_config(&self) -> Option<profiler_runtimes::go::labels::GoLabelsConfig> {
+        (!self.no_go_labels).then(|| profiler_runtimes::go::labels::GoLabelsConfig {
             goroutine: self.goroutine_labels,
             keys: self.go_label_keys.clone(),
         })
@@ -188,8 +188,8 @@ impl DebuginfodArgs {
     /// Sets up the process's debuginfod client from these flags over the
     /// environment.
     pub fn configure(&self) {
-        crate::symbolize::debuginfod::configure(
-            &crate::symbolize::debuginfod::DebuginfodSettings {
+        profiler_symbolize::debuginfod::configure(
+            &profiler_symbolize::debuginfod::DebuginfodSettings {
                 urls: self.debuginfod_urls.iter().cloned().collect(),
                 ..Default::default()
             },
@@ -199,8 +199,8 @@ impl DebuginfodArgs {
 
 impl RecordArgs {
     /// The off-CPU settings, when off-CPU time is recorded.
-    pub fn off_cpu_config(&self) -> Option<crate::sampling::OffCpuConfig> {
-        (self.off_cpu || self.wall).then(|| crate::sampling::OffCpuConfig {
+    pub fn off_cpu_config(&self) -> Option<profiler_sampling::sampler::OffCpuConfig> {
+        (self.off_cpu || self.wall).then(|| profiler_sampling::sampler::OffCpuConfig {
             min: self.off_cpu_min,
             period: self
                 .off_cpu_period

@@ -8,9 +8,9 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use crate::probes::functions::FunctionTable;
-use crate::probes::target::mapped_objects;
-use crate::probes::{ArgSpec, Semaphore, UsdtError, UsdtProbes, read_probes, read_probes_as};
+use profiler_probes::functions::FunctionTable;
+use profiler_probes::target::mapped_objects;
+use profiler_probes::{ArgSpec, Semaphore, UsdtError, UsdtProbes, read_probes, read_probes_as};
 
 #[derive(Debug, Args)]
 pub struct ProbesArgs {
@@ -256,7 +256,7 @@ struct JsonFunction<'a> {
 #[derive(Serialize)]
 struct JsonFile<'a> {
     path: String,
-    arch: Option<crate::probes::Arch>,
+    arch: Option<profiler_probes::Arch>,
     probes: Vec<JsonProbe<'a>>,
     skipped: Vec<String>,
 }

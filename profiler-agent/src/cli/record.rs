@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::profile::{Format, Profile, ProfileKind};
-use crate::record::{Recorder, Recording, build_profile};
-use crate::sampling::{SamplingConfig, check_privileges};
+use profiler_profile::{Format, Profile, ProfileKind};
+use profiler_sampling::record::{Recorder, Recording, build_profile};
+use profiler_sampling::sampler::{SamplingConfig, check_privileges};
 
 use super::RecordArgs;
 
@@ -89,7 +89,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     if all_exited && !args.quiet {
         eprintln!("every profiled process exited; stopping early");
     }
-    if recording.kind == crate::profile::ProfileKind::Cpu {
+    if recording.kind == profiler_profile::ProfileKind::Cpu {
         check_target_samples(&pids, &recording)?;
     }
 
@@ -168,7 +168,7 @@ fn check_target_samples(pids: &[u32], recording: &Recording) -> anyhow::Result<(
 }
 
 /// "980 complete to their root, 20 cut short (12 no unwind table, ...)".
-pub(crate) fn user_stack_summary(ends: &crate::record::UserStackEnds) -> String {
+pub(crate) fn user_stack_summary(ends: &profiler_sampling::record::UserStackEnds) -> String {
     use profiler_common::unwind::UserStackEnd;
     let reasons = [
         (
@@ -344,9 +344,9 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
             g.from_versions,
             c.go_labels_read,
             c.go_labels_cut,
-            profiler_common::golabels::MAX_GO_LABELS,
-            profiler_common::golabels::GO_LABEL_KEY_BYTES,
-            profiler_common::golabels::GO_LABEL_VALUE_BYTES,
+            profiler_common::runtimes::go::MAX_GO_LABELS,
+            profiler_common::runtimes::go::GO_LABEL_KEY_BYTES,
+            profiler_common::runtimes::go::GO_LABEL_VALUE_BYTES,
         );
         for why in &g.unknown {
             eprintln!("  no Go labels for {why}");

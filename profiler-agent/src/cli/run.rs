@@ -10,10 +10,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
-use crate::continuous::config::{KubernetesMode, OtlpProtocol};
-use crate::continuous::{Agent, Config, LogFormat, Overrides};
-use crate::export::Metrics;
-use crate::sampling::check_privileges;
+use profiler_continuous::config::{KubernetesMode, OtlpProtocol};
+use profiler_continuous::{Agent, Config, LogFormat, Overrides};
+use profiler_export::Metrics;
+use profiler_sampling::sampler::check_privileges;
 
 /// Every key of the config file (deploy/config.example.toml) as a flag and
 /// an environment variable; a flag beats the variable, which beats the file.
@@ -297,7 +297,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<()> {
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(signal, stop.clone()).context("installing signal handlers")?;
     }
-    crate::symbolize::debuginfod::configure(&config.debuginfod.settings());
+    profiler_symbolize::debuginfod::configure(&config.debuginfod.settings());
     let metrics = Arc::new(Metrics::default());
     let agent = Agent::start(config, metrics)?;
     let summary = agent.run(&stop)?;

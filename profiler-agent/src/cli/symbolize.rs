@@ -7,8 +7,8 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use crate::process::{ObjectFile, ProcessTable};
-use crate::symbolize::{Symbolized, Symbolizer};
+use profiler_symbolize::process::{ObjectFile, ProcessTable};
+use profiler_symbolize::{Symbolized, Symbolizer};
 
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "Examples:\n  \
@@ -95,7 +95,7 @@ fn in_address_order(
 
 pub fn run(args: &SymbolizeArgs) -> anyhow::Result<()> {
     args.debuginfod.configure();
-    let mut symbolizer = Symbolizer::default();
+    let mut symbolizer = profiler_runtimes::symbolizer();
     symbolizer.fetch_deadline = Some(std::time::Instant::now() + args.debuginfod.debuginfod_wait);
     let results = symbolize(args, &mut symbolizer)?;
     // Debug files a server could not give are warnings: the names come

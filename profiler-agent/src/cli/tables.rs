@@ -15,8 +15,8 @@ use profiler_common::unwind::{
 use serde::Serialize;
 
 use super::symbolize::OutputFormat;
-use crate::unwind::build::{TableSource, build_bytes};
-use crate::unwind::table::{PagedTable, RuleSet};
+use profiler_unwind::build::{TableSource, build_bytes};
+use profiler_unwind::table::{PagedTable, RuleSet};
 
 #[derive(Debug, Clone, Args)]
 #[command(after_help = "Examples:\n  \
@@ -73,8 +73,8 @@ struct GoRuntime {
 }
 
 fn go_runtime(data: &[u8]) -> Option<GoRuntime> {
-    use crate::golabels::{LabelStorage, LayoutSource};
-    let layout = crate::golabels::read_layout(data).ok()?;
+    use profiler_runtimes::go::labels::{LabelStorage, LayoutSource};
+    let layout = profiler_runtimes::go::labels::read_layout(data).ok()?;
     Some(GoRuntime {
         version: layout.version.clone(),
         g_m: layout.offsets.g_m,
@@ -91,7 +91,7 @@ fn go_runtime(data: &[u8]) -> Option<GoRuntime> {
             LayoutSource::VersionTable => "Go version table",
         },
         version_table_agrees: match layout.source {
-            LayoutSource::Dwarf => crate::golabels::table_agrees(&layout),
+            LayoutSource::Dwarf => profiler_runtimes::go::labels::table_agrees(&layout),
             LayoutSource::VersionTable => None,
         },
     })
@@ -108,7 +108,8 @@ pub fn run(args: &TablesArgs) -> anyhow::Result<()> {
     for path in &args.paths {
         let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let started = Instant::now();
-        let built = build_bytes(&data).with_context(|| format!("{}", path.display()))?;
+        let built = build_bytes(&data, profiler_runtimes::UNWIND_ROWS)
+            .with_context(|| format!("{}", path.display()))?;
         let mut rules = RuleSet::default();
         let paged = PagedTable::build(&built.table, &mut rules)
             .with_context(|| format!("{}: the table spans more than 4 GiB", path.display()))?;

@@ -14,12 +14,12 @@ use profiler_common::latency::{
     FILTER_EQ, FILTER_GE, FILTER_GT, FILTER_LE, FILTER_LT, FILTER_NE, TRACE_SLOTS, TraceEvent,
 };
 
-use crate::latency::breaker::{Breaker, DEFAULT_BUDGET};
-use crate::latency::histogram::{Layout, Unit};
-use crate::latency::{
+use profiler_latency::breaker::{Breaker, DEFAULT_BUDGET};
+use profiler_latency::histogram::{Layout, Unit};
+use profiler_latency::{
     KeyBy, LatencyOptions, Measure, Plan, Session, TraceFilter, TraceOptions, plan,
 };
-use crate::probes::spec::ProbeSpec;
+use profiler_probes::spec::ProbeSpec;
 
 #[derive(Debug, Args)]
 #[command(after_help = "Examples:\n  \
@@ -270,7 +270,7 @@ pub fn run(args: &TraceArgs) -> anyhow::Result<()> {
 }
 
 /// What the kernel side counted: nothing dropped silently.
-fn counters_line(plan: &Plan, snapshot: &crate::latency::Snapshot) -> String {
+fn counters_line(plan: &Plan, snapshot: &profiler_latency::Snapshot) -> String {
     use profiler_common::latency::LatencyCounter as C;
     let hits: &[C] = if plan.trace_pairs {
         &[C::Starts, C::Ends, C::EndWithoutStart]

@@ -44,6 +44,17 @@ mod machine;
 #[path = "../unwind.rs"]
 #[allow(dead_code)]
 mod unwind;
+// The walker's steps through Go's stack switches (not its label reader),
+// where the walker looks for them.
+#[path = "../runtimes/go/stacks.rs"]
+mod go_stacks;
+mod runtimes {
+    pub mod go {
+        pub(crate) use crate::go_stacks as stacks;
+    }
+}
+#[path = "../walk.rs"]
+mod walk;
 #[path = "../words.rs"]
 mod words;
 

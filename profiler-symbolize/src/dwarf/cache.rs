@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use super::functions::{Functions, InlineTree};
 use super::lines::Lines;
-use super::units::{Dwarf, Unit, UnitRef};
+use super::sections::UnitRef;
+use super::units::{Dwarf, Unit};
 
 /// Estimated heap of a parsed unit before its tables: abbreviations
 /// (~10 KiB per unit in glibc's debug info) and the line program header.

@@ -6,7 +6,8 @@
 
 use std::cmp::Ordering;
 
-use super::units::{RangeAttributes, UnitRef};
+use super::sections::UnitRef;
+use super::units::RangeAttributes;
 
 /// Deeper nesting of inlined subroutines than this is malformed input.
 const MAX_INLINE_DEPTH: usize = 256;

@@ -7,8 +7,7 @@ use std::cmp::Ordering;
 
 use gimli::Reader as _;
 
-use super::sections::SectionReader;
-use super::units::UnitRef;
+use super::sections::{SectionReader, UnitRef};
 
 struct Sequence {
     start: u64,

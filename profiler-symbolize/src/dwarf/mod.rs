@@ -30,10 +30,11 @@ use object::{Object, ObjectSection};
 
 use self::cache::{ParsedUnit, UnitCache};
 use self::lines::Location;
-use self::sections::{SectionData, SectionReader};
+use self::sections::SectionReader;
 use self::units::{Dwarf, UnitIndex};
 use super::demangle::demangle;
 use super::frame::{Frame, NameSource, Resolver};
+use crate::shared_bytes::SharedBytes;
 
 /// Parsed units kept per file: a hot set of functions usually spans a few
 /// units; beyond these counts the least recently used unit is dropped.
@@ -71,11 +72,11 @@ impl DwarfSymbols {
                 id,
                 gimli::SectionId::DebugLoc | gimli::SectionId::DebugLocLists
             ) {
-                return Ok(SectionReader::new(SectionData::empty(), endian));
+                return Ok(SectionReader::new(SharedBytes::empty(), endian));
             }
             let data = match file.section_by_name(id.name()) {
-                Some(section) => SectionData::of(section, data),
-                None => SectionData::empty(),
+                Some(section) => SharedBytes::of(section, data),
+                None => SharedBytes::empty(),
             };
             Ok(SectionReader::new(data, endian))
         };

@@ -1,9 +1,12 @@
 //! Debug section bytes for gimli without copying the file: uncompressed
 //! sections are windows into the memory-mapped file; compressed ones
 //! (`SHF_COMPRESSED`, `.zdebug_*`) are inflated once into an owned buffer
-//! ([`SectionData::of`]).
+//! (`SharedBytes::of`).
 
-/// One section's bytes, cheap to clone.
-pub use super::super::shared_bytes::SharedBytes as SectionData;
+use crate::shared_bytes::SharedBytes;
 
-pub type SectionReader = gimli::EndianReader<gimli::RunTimeEndian, SectionData>;
+/// gimli's reader over one section's bytes, cheap to clone.
+pub type SectionReader = gimli::EndianReader<gimli::RunTimeEndian, SharedBytes>;
+
+/// A unit with the sections it reads (lines and units both take one).
+pub(super) type UnitRef<'a> = gimli::UnitRef<'a, SectionReader>;

@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex};
 
 use object::{Object, ObjectSection};
 
-use super::sections::{SectionData, SectionReader};
+use super::sections::SectionReader;
 use super::units::Dwarf;
 use super::{DwarfSymbols, demangle};
 use crate::frame::{Frame, Resolver};
+use crate::shared_bytes::SharedBytes;
 
 /// This machine's libc.
 pub(super) const LIBC: &str = "/usr/lib/x86_64-linux-gnu/libc.so.6";
@@ -95,11 +96,11 @@ fn load(file: &object::File<'_>, data: &Arc<memmap2::Mmap>) -> Option<Dwarf> {
                 id,
                 gimli::SectionId::DebugLoc | gimli::SectionId::DebugLocLists
             ) {
-                return Ok(SectionReader::new(SectionData::empty(), endian));
+                return Ok(SectionReader::new(SharedBytes::empty(), endian));
             }
             let data = match file.section_by_name(id.name()) {
-                Some(section) => SectionData::of(section, data),
-                None => SectionData::empty(),
+                Some(section) => SharedBytes::of(section, data),
+                None => SharedBytes::empty(),
             };
             Ok(SectionReader::new(data, endian))
         },

@@ -6,11 +6,10 @@
 //! dropped, keeping only its ranges.
 
 use super::lines::Lines;
-use super::sections::SectionReader;
+use super::sections::{SectionReader, UnitRef};
 
 pub(super) type Dwarf = gimli::Dwarf<SectionReader>;
 pub(super) type Unit = gimli::Unit<SectionReader>;
-pub(super) type UnitRef<'a> = gimli::UnitRef<'a, SectionReader>;
 
 /// A unit of `.debug_info` (type units are left out: they hold no code and
 /// no function a name refers to).

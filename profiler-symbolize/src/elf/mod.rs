@@ -10,6 +10,7 @@ pub use symbols::ElfSymbols;
 use object::{Object, ObjectSegment};
 
 use super::frame::{Frame, Resolver};
+use super::runtime::{RuntimeSymbols, Runtimes};
 
 /// Runs a parser over untrusted bytes, turning a panic inside a parsing
 /// crate into an error so one malformed binary cannot take the profile down.
@@ -32,26 +33,11 @@ pub struct ElfObject {
     /// GNU build id, as raw bytes.
     pub build_id: Option<Vec<u8>>,
     resolvers: Vec<Box<dyn Resolver>>,
-    go: Option<std::sync::Arc<super::go::GoSymbols>>,
+    /// A runtime's own table of this object (Go's pclntab).
+    runtime: Option<std::sync::Arc<dyn RuntimeSymbols>>,
     /// Function bounds from CFI, for a stripped native object (no
     /// `.symtab`): its unnamed addresses are grouped by function.
     fde: Option<fde::FdeBounds>,
-}
-
-/// Whether `file` was built by Go: it has Go's build-id note or build-info
-/// section, or names the pclntab. (A stripped file that lost its section
-/// headers still has a readable pclntab, but scanning every non-Go
-/// object's data for one would cost time on every library.)
-pub fn looks_like_go(file: &object::File<'_>) -> bool {
-    use object::ObjectSection;
-    [
-        ".note.go.buildid",
-        ".go.buildinfo",
-        ".gopclntab",
-        ".data.rel.ro.gopclntab",
-    ]
-    .iter()
-    .any(|name| file.section_by_name(name).is_some_and(|s| s.size() > 0))
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,18 +58,21 @@ impl ElfObject {
                 &object::File::parse((*data).as_ref())?,
                 &data,
                 None,
+                &[],
             ))
         })
     }
 
     /// Builds the lookup tables of an already parsed file whose bytes are
-    /// `data` (kept: symbol names are read from it when looked up). With
-    /// `map`, the memory map `file` was parsed over, the Go table is read
-    /// in place in it rather than copied.
+    /// `data` (kept: symbol names are read from it when looked up), asking
+    /// each of `runtimes` for its own table of the object. With `map`, the
+    /// memory map `file` was parsed over, such tables are read in place in
+    /// it rather than copied.
     pub fn from_file(
         file: &object::File<'_>,
         data: &super::FileBytes,
         map: Option<&std::sync::Arc<memmap2::Mmap>>,
+        runtimes: Runtimes,
     ) -> Self {
         let segments = file
             .segments()
@@ -99,43 +88,30 @@ impl ElfObject {
         let build_id = file.build_id().ok().flatten().map(<[u8]>::to_vec);
         let symbols = ElfSymbols::from_object(file, data);
         let mut resolvers: Vec<Box<dyn Resolver>> = Vec::new();
-        // Go binaries: the pclntab knows files, lines and inline frames,
-        // and survives stripping; try it before the ELF symbols.
-        let go = looks_like_go(file)
-            .then(|| {
-                match map.map_or_else(
-                    || super::go::GoSymbols::from_file(file),
-                    |map| super::go::GoSymbols::from_mapped(file, map),
-                ) {
-                    Ok(go) => Some(std::sync::Arc::new(go)),
-                    Err(e) => {
-                        tracing::debug!("Go symbols unreadable: {e}");
-                        None
-                    }
-                }
-            })
-            .flatten();
-        if let Some(go) = &go {
-            resolvers.push(Box::new(go.clone()));
+        // A runtime's own table (Go's pclntab knows files, lines and
+        // inline frames, and survives stripping): before the ELF symbols.
+        let runtime = runtimes.iter().find_map(|r| r.symbols(file, map));
+        if let Some(runtime) = &runtime {
+            resolvers.push(Box::new(runtime.clone()));
         }
         if !symbols.is_empty() {
             resolvers.push(Box::new(symbols));
         }
-        let fde = (go.is_none() && file.symbol_table().is_none())
+        let fde = (runtime.is_none() && file.symbol_table().is_none())
             .then(|| fde::FdeBounds::of(file))
             .filter(|bounds| !bounds.is_empty());
         ElfObject {
             segments,
             build_id,
             resolvers,
-            go,
+            runtime,
             fde,
         }
     }
 
-    /// The Go symbol table (pclntab), for Go binaries.
-    pub fn go_symbols(&self) -> Option<&std::sync::Arc<super::go::GoSymbols>> {
-        self.go.as_ref()
+    /// A runtime's own symbol table of this object (Go's pclntab).
+    pub fn runtime_symbols(&self) -> Option<&std::sync::Arc<dyn RuntimeSymbols>> {
+        self.runtime.as_ref()
     }
 
     /// The virtual address that file offset `offset` is loaded at, through

@@ -45,19 +45,26 @@ pub fn container_of(proc_root: &Path, pid: u32) -> Option<ContainerInfo> {
 /// it names no container, as on hybrid hosts where the runtime only
 /// manages the v1 hierarchies.
 pub fn parse_cgroup(text: &str) -> Option<ContainerInfo> {
-    let mut lines: Vec<(bool, &str)> = text
+    cgroup_paths(text).iter().find_map(|path| parse_path(path))
+}
+
+/// The paths of a `/proc/PID/cgroup` text: the unified (`0::`) one first,
+/// then the v1 ones in file order, each once. (The one parser of that
+/// file: the container is found in them, and the continuous agent's
+/// `cgroups` selection matches them.)
+pub fn cgroup_paths(text: &str) -> Vec<String> {
+    let mut lines: Vec<(bool, String)> = text
         .lines()
         .filter_map(|line| {
             let mut fields = line.splitn(3, ':');
-            let hierarchy = fields.next()?;
+            let unified = fields.next()? == "0";
             let _controllers = fields.next()?;
-            let path = fields.next()?;
-            Some((hierarchy == "0", path))
+            Some((unified, fields.next()?.to_string()))
         })
         .collect();
-    // Unified first, then the v1 lines in file order.
     lines.sort_by_key(|(unified, _)| !unified);
-    lines.into_iter().find_map(|(_, path)| parse_path(path))
+    lines.dedup_by(|a, b| a.1 == b.1);
+    lines.into_iter().map(|(_, path)| path).collect()
 }
 
 /// Finds the container id and pod uid in one cgroup path. The innermost
@@ -154,6 +161,15 @@ fn is_uid(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cgroup_paths_put_the_unified_hierarchy_first() {
+        let hybrid = "12:cpu,cpuacct:/system.slice/a.service\n0::/system.slice/a.service\n";
+        assert_eq!(cgroup_paths(hybrid), ["/system.slice/a.service"]);
+        let v1 = "5:memory:/kubepods/burstable/pod1/abc\n4:pids:/kubepods/burstable/pod1/abc\n";
+        assert_eq!(cgroup_paths(v1), ["/kubepods/burstable/pod1/abc"]);
+        assert!(cgroup_paths("").is_empty());
+    }
 
     const ID: &str = "7d7fc43c2e0f7c7d0e3b3a9e1b5f1c6a8e2f0b4d9c3a7e6f5d4c3b2a1f0e9d8c";
     const UID: &str = "0f3b6f0e-3c1d-4b9a-8e1f-2a7c5d9e4b60";

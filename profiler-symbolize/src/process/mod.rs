@@ -13,7 +13,7 @@ mod jit;
 mod maps;
 mod object;
 
-pub use container::{ContainerInfo, ContainerRuntime, container_of, parse_cgroup};
+pub use container::{ContainerInfo, ContainerRuntime, cgroup_paths, container_of, parse_cgroup};
 pub use jit::{JitMap, namespace_pid};
 pub use maps::{Backing, MapEntry, parse_maps};
 pub use object::{ObjectFile, ObjectId};
@@ -22,32 +22,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Pids of running processes whose executable is a Go binary: the ones
-/// whose stacks need unwind tables from the first sample on. Only section
-/// headers are read.
-pub fn go_processes() -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::File::open(format!("/proc/{pid}/exe")).is_ok_and(|file| is_go_binary(&file))
-        })
-        .collect()
-}
-
-/// Whether `file` is a Go binary, from its section names alone (cheap: no
-/// symbol or debug table is read). Externally linked and stripped Go
-/// binaries keep `.go.buildinfo` and `.note.go.buildid`.
-pub fn is_go_binary(file: &std::fs::File) -> bool {
-    // SAFETY: read-only mapping of a file we only read (see symbolize).
-    let Ok(data) = (unsafe { memmap2::Mmap::map(file) }) else {
-        return false;
-    };
-    ::object::File::parse(&*data).is_ok_and(|elf| crate::elf::looks_like_go(&elf))
-}
 
 /// An executable mapping of a process.
 #[derive(Debug, Clone)]

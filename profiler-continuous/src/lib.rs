@@ -1,0 +1,19 @@
+//! Continuous profiling (`profiler-agent run`): the whole node (or a pid
+//! selection) sampled without end, cut into windows, one labelled pprof per
+//! service per window handed to the exporters (`profiler_export`), pulls
+//! served on `/debug/pprof/profile`, health on `/metrics`.
+//!
+//! - `config`: the TOML file and its flag / environment overrides;
+//! - `agent`: the run loop (windows, pulls, shutdown);
+//! - `metadata`: service name and container of each process;
+//! - `kubernetes`: pod, namespace and container names from the API server;
+//! - `probes`: latency histograms of configured probes for `/metrics`.
+
+pub mod agent;
+pub mod config;
+pub mod kubernetes;
+pub mod metadata;
+pub mod probes;
+
+pub use agent::{Agent, RunError, RunSummary};
+pub use config::{Config, ConfigError, LogFormat, Overrides};

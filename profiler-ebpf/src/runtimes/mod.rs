@@ -1,0 +1,5 @@
+//! Language runtimes' BPF walkers, one module each (their user-space
+//! home is profiler-runtimes, their shared types
+//! `profiler_common::runtimes`).
+
+pub mod go;

@@ -1,0 +1,73 @@
+//! The state of a user stack walk, and the steps every walker shares:
+//! the native walker (`unwind`) and the runtimes' walkers
+//! (`runtimes::*`) read and move the same state.
+
+use aya_ebpf::helpers::bpf_probe_read_user;
+use profiler_common::unwind::{UnwindMapping, UserStackEnd};
+
+use crate::machine;
+
+/// The walk in progress on this CPU.
+#[repr(C)]
+pub(crate) struct WalkState {
+    pub(crate) pc: u64,
+    pub(crate) sp: u64,
+    pub(crate) fp: u64,
+    /// The link register, while it still holds a return address (arm64:
+    /// the leaf frame, and the frame a signal interrupted); else 0.
+    pub(crate) lr: u64,
+    /// Go's g register at the sample (a g only if the leaf was Go code).
+    pub(crate) go_g: u64,
+    /// The mapping the previous frame was in (most callers are in the same
+    /// object as their callee): start == end when none.
+    pub(crate) mapping: UnwindMapping,
+    pub(crate) first_mapping: u32,
+    pub(crate) mapping_count: u32,
+    /// User frames written so far, after `kernel_frames` kernel frames.
+    pub(crate) frames: u32,
+    pub(crate) kernel_frames: u32,
+    /// `UserStackEnd` once the walk is over.
+    pub(crate) end: u32,
+    /// The next pc was interrupted (by a signal), not a return address:
+    /// look it up as is, not one byte back.
+    pub(crate) exact_pc: u32,
+    /// The leaf is inside a system call: its PC is the instruction after
+    /// the `syscall`/`svc`, so its rule is looked up one byte back, in the
+    /// instruction that is running (they differ where a function ends with
+    /// its system call: a sigreturn trampoline).
+    pub(crate) leaf_in_system_call: u32,
+    /// The leaf PC is in no mapping user space registered for this
+    /// process (code mapped since: dlopen, a JIT).
+    pub(crate) unknown_leaf: u32,
+}
+
+pub(crate) enum Step {
+    Next,
+    End(UserStackEnd),
+}
+
+#[inline(always)]
+pub(crate) fn read_user(address: u64) -> Result<u64, ()> {
+    // SAFETY: bpf_probe_read_user checks the address; a fault is an Err.
+    unsafe { bpf_probe_read_user(address as *const u64) }.map_err(|_| ())
+}
+
+#[inline(always)]
+pub(crate) fn read_pair(address: u64) -> Result<[u64; 2], ()> {
+    // SAFETY: bpf_probe_read_user checks the address; a fault is an Err.
+    unsafe { bpf_probe_read_user(address as *const [u64; 2]) }.map_err(|_| ())
+}
+
+/// Moves to the caller at `pc`; a return address of 0 ends the stack.
+#[inline(always)]
+pub(crate) fn return_to(state: &mut WalkState, return_address: u64) -> Step {
+    state.pc = machine::strip_pointer_auth(return_address);
+    // Only the first frame (or one a signal interrupted) has its return
+    // address in the link register.
+    state.lr = 0;
+    if state.pc == 0 {
+        Step::End(UserStackEnd::Root)
+    } else {
+        Step::Next
+    }
+}

@@ -1,0 +1,292 @@
+//! Go pprof labels on samples: `pprof.Do(ctx, pprof.Labels("endpoint",
+//! "/checkout"), ...)` tags the goroutine, and every CPU sample taken while
+//! it runs carries the tags, as Go's own `runtime/pprof` profile does.
+//!
+//! `layout` reads where a binary's runtime keeps goroutines and labels
+//! (DWARF, or `versions` for stripped binaries); the `GoLabelRegistry`
+//! thread reads it for each Go process the sampler meets and hands it to
+//! the BPF program (`GO_PROCESSES`), which copies the running goroutine's
+//! labels into the sample; `labels_of` turns them into profile labels.
+
+mod layout;
+mod loading;
+mod versions;
+
+pub use layout::{LabelStorage, LayoutError, LayoutSource, Offsets, RuntimeLayout, read_layout};
+pub use loading::Globals;
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use profiler_common::Sample;
+use profiler_common::runtimes::go::GoProcess;
+
+use profiler_symbolize::process::{ObjectFile, ObjectId, Process};
+
+/// What to do with Go labels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GoLabelsConfig {
+    /// Also label each sample with its goroutine's id (`goroutine`):
+    /// a value per goroutine, so only on request.
+    pub goroutine: bool,
+    /// Label keys kept (`*` globs); empty keeps every key. A backend's
+    /// cost grows with the distinct values of its labels: continuous
+    /// runs name the keys worth keeping.
+    pub keys: Vec<String>,
+}
+
+impl GoLabelsConfig {
+    /// Whether label `key` is kept.
+    pub fn keeps(&self, key: &str) -> bool {
+        self.keys.is_empty() || self.keys.iter().any(|pattern| glob_match(pattern, key))
+    }
+}
+
+/// `*` matches any run of characters; everything else itself.
+fn glob_match(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || text.len() < first.len() + last.len() {
+        return false;
+    }
+    let mut rest = &text[first.len()..];
+    for part in &parts[1..parts.len() - 1] {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.ends_with(last)
+}
+
+/// The label of a goroutine id.
+pub const GOROUTINE_LABEL: &str = "goroutine";
+
+/// Appended to a key or value the sampling program cut.
+const CUT_MARK: &str = "…";
+
+/// A sample's Go labels as profile labels, sorted by key: the kept ones,
+/// and the goroutine id when asked for.
+pub fn labels_of(sample: &Sample, config: &GoLabelsConfig) -> Vec<(String, String)> {
+    let Some(block) = sample.go_labels() else {
+        return Vec::new();
+    };
+    let mut labels: Vec<(String, String)> = block
+        .labels
+        .iter()
+        .take(block.count as usize)
+        .map(|label| (text(label.key()), text(label.value())))
+        .filter(|(key, _)| !key.is_empty() && config.keeps(key))
+        .collect();
+    if config.goroutine && block.goid != 0 {
+        labels.push((GOROUTINE_LABEL.into(), block.goid.to_string()));
+    }
+    labels.sort();
+    labels.dedup_by(|a, b| a.0 == b.0);
+    labels
+}
+
+fn text((bytes, cut): (&[u8], bool)) -> String {
+    let mut text = String::from_utf8_lossy(bytes).into_owned();
+    if cut {
+        text.push_str(CUT_MARK);
+    }
+    text
+}
+
+/// Whether the version table agrees with `layout` (read from DWARF):
+/// None when the table has no row for its version.
+pub fn table_agrees(layout: &RuntimeLayout) -> Option<bool> {
+    let minor = layout.version.as_deref().and_then(layout::minor_of)?;
+    versions::offsets(minor).map(|offsets| offsets == layout.offsets)
+}
+
+/// What the registry did, for the run's report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GoLabelStats {
+    /// Go processes whose labels the sampling program reads.
+    pub processes: u64,
+    /// Layouts read from DWARF / from the version table.
+    pub from_dwarf: u64,
+    pub from_versions: u64,
+    /// Go binaries whose layout is unknown, with why (one line each).
+    pub unknown: Vec<String>,
+}
+
+enum Command {
+    Register(u32, Arc<ObjectFile>),
+    Unregister(u32),
+    Flush(mpsc::Sender<()>),
+}
+
+/// The thread that reads Go binaries' layouts (DWARF of a large binary
+/// takes tens of milliseconds: never on the thread that drains samples)
+/// and writes them into the sampling program's `GO_PROCESSES` map.
+pub struct GoLabelRegistry {
+    sender: Option<mpsc::Sender<Command>>,
+    stats: Arc<Mutex<GoLabelStats>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl GoLabelRegistry {
+    pub fn spawn(map: BpfHashMap<MapData, u32, GoProcess>) -> std::io::Result<Self> {
+        let (sender, receiver) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(GoLabelStats::default()));
+        let shared = stats.clone();
+        let thread = std::thread::Builder::new()
+            .name("go-labels".into())
+            .spawn(move || run(map, receiver, shared))?;
+        Ok(GoLabelRegistry {
+            sender: Some(sender),
+            stats,
+            thread: Some(thread),
+        })
+    }
+
+    /// Reads the labels of `process` from now on, if it runs Go code.
+    /// Returns at once.
+    pub fn register(&self, process: &Process) {
+        let go = process.mappings.iter().find_map(|m| {
+            let object = m.object.as_ref()?;
+            is_go_object(object).then(|| object.clone())
+        });
+        if let (Some(object), Some(sender)) = (go, &self.sender) {
+            let _ = sender.send(Command::Register(process.pid, object));
+        }
+    }
+
+    /// Forgets `pid` (it exited).
+    pub fn unregister(&self, pid: u32) {
+        if let Some(sender) = &self.sender {
+            let _ = sender.send(Command::Unregister(pid));
+        }
+    }
+
+    /// Waits until every registration sent so far is done.
+    pub fn flush(&self) {
+        let (done, wait) = mpsc::channel();
+        if let Some(sender) = &self.sender
+            && sender.send(Command::Flush(done)).is_ok()
+        {
+            let _ = wait.recv();
+        }
+    }
+
+    pub fn stats(&self) -> GoLabelStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for GoLabelRegistry {
+    fn drop(&mut self) {
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Cheap test on the file's section names (see `go::is_go_binary`).
+fn is_go_object(object: &ObjectFile) -> bool {
+    object.file.as_ref().is_ok_and(super::is_go_binary)
+}
+
+fn run(
+    mut map: BpfHashMap<MapData, u32, GoProcess>,
+    commands: mpsc::Receiver<Command>,
+    stats: Arc<Mutex<GoLabelStats>>,
+) {
+    let mut layouts: HashMap<ObjectId, Option<GoProcess>> = HashMap::new();
+    let mut registered: std::collections::HashSet<u32> = Default::default();
+    while let Ok(command) = commands.recv() {
+        match command {
+            Command::Register(pid, object) => {
+                let layout = layouts
+                    .entry(object.id)
+                    .or_insert_with(|| read_object(&object, &stats));
+                if let Some(layout) = layout
+                    && map.insert(pid, *layout, 0).is_ok()
+                    && registered.insert(pid)
+                    && let Ok(mut stats) = stats.lock()
+                {
+                    stats.processes += 1;
+                }
+            }
+            Command::Unregister(pid) => {
+                if registered.remove(&pid) {
+                    let _ = map.remove(&pid);
+                }
+            }
+            Command::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+fn read_object(object: &ObjectFile, stats: &Mutex<GoLabelStats>) -> Option<GoProcess> {
+    let path = object.path.display().to_string();
+    let result = match &object.file {
+        // SAFETY: a read-only mapping of a file we only read; the parsers
+        // bound every length they follow (see symbolize).
+        Ok(file) => match unsafe { memmap2::Mmap::map(file) } {
+            Ok(data) => read_layout(&data).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("mapping it: {e}")),
+        },
+        Err(e) => Err(e.clone()),
+    };
+    let mut stats = stats.lock().ok()?;
+    match result {
+        Ok(layout) => {
+            match layout.source {
+                LayoutSource::Dwarf => stats.from_dwarf += 1,
+                LayoutSource::VersionTable => stats.from_versions += 1,
+            }
+            tracing::debug!(
+                %path,
+                version = layout.version.as_deref().unwrap_or("?"),
+                ?layout.offsets,
+                ?layout.storage,
+                ?layout.source,
+                tls = ?layout.tls_g_offset,
+                "Go labels layout"
+            );
+            Some(layout.for_bpf())
+        }
+        Err(why) => {
+            tracing::info!(%path, "no Go labels for this binary: {why}");
+            if stats.unknown.len() < 16 {
+                stats.unknown.push(format!("{path}: {why}"));
+            }
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs_select_keys() {
+        let config = GoLabelsConfig {
+            goroutine: false,
+            keys: vec!["endpoint".into(), "tenant_*".into(), "*_id".into()],
+        };
+        assert!(config.keeps("endpoint"));
+        assert!(config.keeps("tenant_name"));
+        assert!(config.keeps("request_id"));
+        assert!(!config.keeps("endpoints"));
+        assert!(!config.keeps("user"));
+        assert!(GoLabelsConfig::default().keeps("anything"));
+        assert!(glob_match("a*b*c", "aXXbYYc"));
+        assert!(!glob_match("a*b*c", "aXXcYYb"));
+        assert!(!glob_match("ab*ba", "aba"));
+    }
+}

@@ -1,0 +1,135 @@
+//! Go: everything the profiler knows of Go binaries and the Go runtime,
+//! in user space. (The BPF side is `profiler-ebpf/src/runtimes/go.rs`, the
+//! types both sides share `profiler-common/src/runtimes/go.rs`.)
+//!
+//! - [`pclntab`]: the runtime's own symbol table (functions, files, lines,
+//!   inlined calls), read from the binary, stripped or not; it names Go
+//!   frames and gives the pcsp tables;
+//! - [`unwind`]: unwind rows from the pcsp tables, and the runtime's stack
+//!   switches (cgo calls and callbacks, signal handlers, the scheduler);
+//! - [`labels`]: where the runtime keeps goroutines and their pprof
+//!   labels, and the thread that tells the BPF program for each Go
+//!   process, which copies the running goroutine's labels into samples.
+//!
+//! [`GO`] plugs the first two into the symbolizer and the unwind-table
+//! builder.
+
+pub mod labels;
+pub mod pclntab;
+pub mod unwind;
+
+use std::sync::Arc;
+
+use profiler_symbolize::{RuntimeObjects, RuntimeSymbols};
+use profiler_unwind::build::{RuntimeRows, RuntimeTable, TableSource};
+use profiler_unwind::table::ObjectTable;
+
+use pclntab::GoSymbols;
+
+/// The Go runtime, as the symbolizer and the table builder ask it.
+pub struct Go;
+
+/// The one instance the runtime lists name.
+pub static GO: Go = Go;
+
+/// Whether `file` was built by Go: it has Go's build-id note or build-info
+/// section, or names the pclntab. (A stripped file that lost its section
+/// headers still has a readable pclntab, but scanning every non-Go
+/// object's data for one would cost time on every library.)
+pub fn looks_like_go(file: &object::File<'_>) -> bool {
+    use object::{Object, ObjectSection};
+    [
+        ".note.go.buildid",
+        ".go.buildinfo",
+        ".gopclntab",
+        ".data.rel.ro.gopclntab",
+    ]
+    .iter()
+    .any(|name| file.section_by_name(name).is_some_and(|s| s.size() > 0))
+}
+
+/// Whether `file` is a Go binary, from its section names alone (cheap: no
+/// symbol or debug table is read). Externally linked and stripped Go
+/// binaries keep `.go.buildinfo` and `.note.go.buildid`.
+pub fn is_go_binary(file: &std::fs::File) -> bool {
+    // SAFETY: read-only mapping of a file we only read (see symbolize).
+    let Ok(data) = (unsafe { memmap2::Mmap::map(file) }) else {
+        return false;
+    };
+    object::File::parse(&*data).is_ok_and(|elf| looks_like_go(&elf))
+}
+
+/// Pids of running processes whose executable is a Go binary: the ones
+/// whose stacks need unwind tables from the first sample on. Only section
+/// headers are read.
+pub fn go_processes() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::File::open(format!("/proc/{pid}/exe")).is_ok_and(|file| is_go_binary(&file))
+        })
+        .collect()
+}
+
+/// Reads the pclntab of a Go object (in place in `map` when given).
+fn symbols_of(file: &object::File<'_>, map: Option<&Arc<memmap2::Mmap>>) -> Option<GoSymbols> {
+    if !looks_like_go(file) {
+        return None;
+    }
+    let symbols = match map {
+        Some(map) => GoSymbols::from_mapped(file, map),
+        None => GoSymbols::from_file(file),
+    };
+    symbols
+        .map_err(|e| tracing::debug!("Go symbols unreadable: {e}"))
+        .ok()
+}
+
+impl RuntimeObjects for Go {
+    fn name(&self) -> &'static str {
+        "go"
+    }
+
+    fn symbols(
+        &self,
+        file: &object::File<'_>,
+        map: Option<&Arc<memmap2::Mmap>>,
+    ) -> Option<Arc<dyn RuntimeSymbols>> {
+        symbols_of(file, map).map(|s| Arc::new(s) as Arc<dyn RuntimeSymbols>)
+    }
+}
+
+impl RuntimeSymbols for GoSymbols {
+    fn function_entry(&self, address: u64) -> Option<u64> {
+        self.function(address).map(|f| f.entry())
+    }
+
+    fn build_id(&self) -> Option<String> {
+        GoSymbols::build_id(self).map(str::to_string)
+    }
+}
+
+impl RuntimeRows for Go {
+    fn name(&self) -> &'static str {
+        "go"
+    }
+
+    fn rows(
+        &self,
+        file: &object::File<'_>,
+        map: Option<&Arc<memmap2::Mmap>>,
+        _cfi: Option<&ObjectTable>,
+    ) -> Option<RuntimeTable> {
+        let symbols = symbols_of(file, map)?;
+        let (table, start, end) = unwind::rows_for(&symbols)?;
+        Some(RuntimeTable {
+            table,
+            start,
+            end,
+            source: TableSource::GoPcsp,
+        })
+    }
+}

@@ -1,0 +1,477 @@
+//! Unwind rows from Go's pcsp tables (amd64 and arm64).
+//!
+//! Go's own traceback (runtime/traceback.go) finds a caller from the SP
+//! delta at a PC.
+//!
+//! amd64: CFA = SP + pcsp(pc) + 8, return address at CFA - 8. A function
+//! that has a frame saved the caller's BP just below the return address
+//! (cmd/internal/obj/x86/obj6.go inserts `PUSHQ BP` / the BP save for every
+//! function with a frame), so the caller's BP is at CFA - 16 whenever the
+//! SP delta is non-zero; a frameless function leaves BP alone. This holds
+//! inside assembly that uses BP as a general register
+//! (crypto/sha256.block): its prologue saved BP before clobbering it.
+//!
+//! arm64: a function with a frame stores LR at 0(SP) as it allocates the
+//! frame (`MOVD.W R30, -size(RSP)`, or `STP (R29, R30), -8(R20)` then
+//! `MOVD R20, RSP` for big frames) and the caller's FP at -8(SP)
+//! (cmd/internal/obj/arm64/obj7.go). So with SP delta d > 0: CFA = SP + d,
+//! return address at CFA - d, caller's FP at CFA - d - 8; with d = 0 the
+//! return address is still in LR.
+
+use profiler_common::unwind::{
+    RULE_CFA_SP, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_ROOT, RULE_SIGNAL, RULE_STOP,
+    UnwindRule,
+};
+
+use profiler_unwind::cfi::Arch;
+use profiler_unwind::table::{ObjectTable, TableRow};
+
+use super::pclntab::GoSymbols;
+
+/// What the unwinder needs of one Go function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoFunctionUnwind {
+    pub entry: u64,
+    pub end: u64,
+    pub name: String,
+    /// `_func.flag` (Go 1.17+): TOPFRAME=1, SPWRITE=2, ASM=4.
+    pub flag: u8,
+    /// pcsp runs: [start, end) has SP delta `delta` (bytes below the CFA
+    /// minus the return address on amd64).
+    pub pcsp: Vec<(u64, u64, i32)>,
+}
+
+const FUNC_FLAG_TOPFRAME: u8 = 1;
+const FUNC_FLAG_SPWRITE: u8 = 2;
+const FUNC_FLAG_ASM: u8 = 4;
+
+/// Outermost frames of Go stacks (Go ≤ 1.16 has no TOPFRAME flag, so
+/// they are matched by name too).
+const ROOT_FUNCTIONS: &[&str] = &["runtime.goexit", "runtime.mstart", "runtime.rt0_go"];
+
+/// Functions that switch stacks: their SP is not their frame's (Go matches
+/// them by name as well, runtime/traceback.go). `runtime.systemstack` is
+/// passed by its frame pointer where it pushed one (see `rows`).
+const STACK_SWITCHERS: &[&str] = &[
+    "runtime.systemstack",
+    "runtime.mcall",
+    "runtime.morestack",
+    "runtime.morestack_noctxt",
+    "runtime.gogo",
+    "runtime.asmcgocall",
+];
+
+/// Go's signal handlers, marked TOPFRAME so Go's own traceback stops in
+/// them, but ordinary frames for us: the kernel entered them with the
+/// restorer as return address, and the signal frame lies above them.
+const SIGNAL_HANDLERS: &[&str] = &["runtime.sigtramp", "runtime.cgoSigtramp"];
+
+/// The restorers Go installs as `sa_restorer` (amd64): the signal frame's
+/// trampoline (`runtime.sigreturn` before Go 1.20).
+const SIGNAL_RESTORERS: &[&str] = &["runtime.sigreturn__sigaction", "runtime.sigreturn"];
+
+/// `runtime.cgocallback` runs Go code called from C on the goroutine's
+/// stack, in a frame it built so that the goroutine's saved PC looks like
+/// its return address (runtime/asm_amd64.s): Go's traceback walks it as an
+/// ordinary frame, back to the Go code that called into C; we go back to
+/// the C code that called it where the g register allows
+/// (RULE_GO_CGOCALLBACK).
+const CGOCALLBACK: &str = "runtime.cgocallback";
+
+/// Rows for every function of a Go binary's pclntab; None for an
+/// architecture whose rules are not written (32-bit).
+pub fn rows_for(symbols: &GoSymbols) -> Option<(ObjectTable, u64, u64)> {
+    let arch = match (symbols.pc_quantum(), symbols.pointer_size()) {
+        (1, 8) => Arch::X86_64,
+        (4, 8) => Arch::Aarch64,
+        _ => return None,
+    };
+    let mut functions: Vec<GoFunctionUnwind> = symbols
+        .functions()
+        .map(|f| GoFunctionUnwind {
+            entry: f.entry(),
+            end: f.end(),
+            name: f.name().into_owned(),
+            flag: f.flag().0,
+            pcsp: f
+                .pcsp_runs()
+                .map(|run| (run.pc_start, run.pc_end, run.sp_delta))
+                .collect(),
+        })
+        .collect();
+    functions.sort_by_key(|f| f.entry);
+    let start = functions.first()?.entry;
+    let end = functions.iter().map(|f| f.end).max()?;
+    Some((rows(&functions, arch), start, end))
+}
+
+/// Where asmcgocall keeps the goroutine's stack depth and g on the system
+/// stack (`RULE_GO_CGOCALL`): Go 1.23 and later call C through
+/// `asmcgocall_landingpad` and keep them at 0(SP) and 8(SP); before, at
+/// 40(SP) and 48(SP) (runtime/asm_amd64.s of each version).
+fn cgocall_slots(functions: &[GoFunctionUnwind]) -> (i32, i16) {
+    if functions
+        .iter()
+        .any(|f| f.name == "runtime.asmcgocall_landingpad")
+    {
+        (0, 8)
+    } else {
+        (40, 48)
+    }
+}
+
+/// Rows for all `functions` (sorted by entry). Gaps between functions (and
+/// after the last) walk frame pointers.
+pub fn rows(functions: &[GoFunctionUnwind], arch: Arch) -> ObjectTable {
+    let mut rows: Vec<TableRow> = Vec::new();
+    let gap = UnwindRule::default();
+    let (depth_slot, g_slot) = cgocall_slots(functions);
+    // Go 1.17+ flags hand-written assembly; then the ABI wrappers that
+    // share a stack switcher's name (`runtime.systemstack <autogenerated>`)
+    // are told apart from it by that flag. Before, every function has flag
+    // 0 and there are no wrappers.
+    let flags_known = functions.iter().any(|f| f.flag & FUNC_FLAG_ASM != 0);
+    for function in functions {
+        if function.end <= function.entry {
+            continue;
+        }
+        let name = function.name.as_str();
+        let is_root = (function.flag & FUNC_FLAG_TOPFRAME != 0 || ROOT_FUNCTIONS.contains(&name))
+            && !SIGNAL_HANDLERS.contains(&name);
+        let is_asm = function.flag & FUNC_FLAG_ASM != 0 || !flags_known;
+        let switches_stack = (function.flag & FUNC_FLAG_SPWRITE != 0
+            || (STACK_SWITCHERS.contains(&name) && is_asm))
+            && name != CGOCALLBACK;
+        // Since Go 1.21 systemstack pushes a frame pointer before it
+        // switches to the system stack and keeps BP pointing at that frame
+        // record on the goroutine's stack (runtime/asm_amd64.s: "The
+        // original frame pointer is stored in BP, which is useful for stack
+        // unwinders"): the frame-pointer step from there is the goroutine's
+        // caller, as Go's own traceback finds it through curg.sched.
+        let pushed_frame = function.pcsp.iter().any(|&(_, _, d)| d == 8);
+        let by_frame_pointer = arch == Arch::X86_64
+            && name == "runtime.systemstack"
+            && function.flag & FUNC_FLAG_ASM != 0
+            && pushed_frame;
+        let special = if is_root {
+            Some(UnwindRule {
+                kind: RULE_ROOT,
+                ..Default::default()
+            })
+        } else if arch == Arch::X86_64 && SIGNAL_RESTORERS.contains(&name) {
+            Some(UnwindRule {
+                kind: RULE_SIGNAL,
+                ..Default::default()
+            })
+        } else if arch == Arch::X86_64
+            && name == "runtime.asmcgocall"
+            && function.flag & FUNC_FLAG_ASM != 0
+        {
+            // The assembly itself (its ABIInternal wrapper has the same
+            // name and is an ordinary Go function). Since Go 1.21 the
+            // assembler gives it a frame-pointer prologue (PUSHQ BP), so the
+            // SP it saves is 8 below its entry SP: its pcsp shows a run of
+            // exactly 8 then (1.19: none).
+            let prologue: i32 = if function.pcsp.iter().any(|&(_, _, d)| d == 8) {
+                8
+            } else {
+                0
+            };
+            Some(UnwindRule {
+                kind: RULE_GO_CGOCALL,
+                cfa_offset: depth_slot,
+                param: g_slot,
+                ra_offset: prologue,
+                fp_offset: if prologue > 0 { -16 } else { 0 },
+                ..Default::default()
+            })
+        } else if by_frame_pointer {
+            Some(gap)
+        } else if switches_stack {
+            Some(UnwindRule {
+                kind: RULE_STOP,
+                ..Default::default()
+            })
+        } else if function.pcsp.is_empty() {
+            Some(gap)
+        } else {
+            None
+        };
+        match special {
+            Some(rule) => {
+                rows.push(TableRow {
+                    address: function.entry,
+                    rule,
+                });
+                // The handler returns to the restorer's entry, and the
+                // walker looks a return address up one byte back: in the
+                // function before, whose INT3 padding that byte is. glibc
+                // covers the byte before `__restore_rt` with its FDE for
+                // the same reason; Go's pclntab has nothing there.
+                if rule.kind == RULE_SIGNAL {
+                    rows.push(TableRow {
+                        address: function.entry - 1,
+                        rule,
+                    });
+                }
+            }
+            None => {
+                for &(start, end, delta) in &function.pcsp {
+                    if end <= start || start < function.entry || delta < 0 {
+                        continue;
+                    }
+                    let mut rule = pcsp_rule(delta, arch);
+                    if name == CGOCALLBACK && arch == Arch::X86_64 {
+                        rule.kind = RULE_GO_CGOCALLBACK;
+                    }
+                    rows.push(TableRow {
+                        address: start,
+                        rule,
+                    });
+                }
+                // Before Go 1.21, asmcgocall saved `systemstack_switch`'s
+                // entry itself as the goroutine's PC, which cgocallback then
+                // presents as a return address: looked up one byte back it
+                // falls in the function before (runtime.mcall, a stop). Go's
+                // traceback does not step back at a function entry; the
+                // byte before is alignment padding, so give it this rule.
+                if name == "runtime.systemstack_switch"
+                    && let Some(&(_, _, delta)) = function.pcsp.first()
+                {
+                    rows.push(TableRow {
+                        address: function.entry - 1,
+                        rule: pcsp_rule(delta, arch),
+                    });
+                }
+            }
+        }
+        rows.push(TableRow {
+            address: function.end,
+            rule: gap,
+        });
+    }
+    // Stable: at one address, a later row (a function's first rule)
+    // replaces an earlier one (the previous function's end).
+    rows.sort_by_key(|r| r.address);
+    ObjectTable::from_sorted(rows)
+}
+
+/// The rule for SP delta `delta` (see the module comment).
+fn pcsp_rule(delta: i32, arch: Arch) -> UnwindRule {
+    match arch {
+        Arch::X86_64 => UnwindRule {
+            kind: RULE_CFA_SP,
+            cfa_offset: delta + 8,
+            ra_offset: -8,
+            fp_offset: if delta > 0 { -16 } else { 0 },
+            ..Default::default()
+        },
+        Arch::Aarch64 => UnwindRule {
+            kind: RULE_CFA_SP,
+            cfa_offset: delta,
+            ra_offset: -delta,
+            fp_offset: if delta > 0 { -delta - 8 } else { 0 },
+            ..Default::default()
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use profiler_common::unwind::RULE_FRAME_POINTER;
+
+    fn function(
+        name: &str,
+        entry: u64,
+        end: u64,
+        flag: u8,
+        pcsp: &[(u64, u64, i32)],
+    ) -> GoFunctionUnwind {
+        GoFunctionUnwind {
+            entry,
+            end,
+            name: name.to_string(),
+            flag,
+            pcsp: pcsp.to_vec(),
+        }
+    }
+
+    fn kind(kind: u8) -> UnwindRule {
+        UnwindRule {
+            kind,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn pcsp_runs_become_cfa_rules() {
+        let table = rows(
+            &[
+                function(
+                    "runtime.goexit",
+                    0x1000,
+                    0x1010,
+                    FUNC_FLAG_TOPFRAME,
+                    &[(0x1000, 0x1010, 0)],
+                ),
+                // Prologue: 0 until the frame is set up, then 0x28, back to 0 at RET.
+                function(
+                    "main.work",
+                    0x1020,
+                    0x1080,
+                    0,
+                    &[
+                        (0x1020, 0x1025, 0),
+                        (0x1025, 0x1078, 0x28),
+                        (0x1078, 0x1080, 0),
+                    ],
+                ),
+                function(
+                    "runtime.systemstack",
+                    0x1080,
+                    0x10a0,
+                    FUNC_FLAG_SPWRITE,
+                    &[],
+                ),
+                function(
+                    "runtime.sigtramp",
+                    0x10a0,
+                    0x10b0,
+                    FUNC_FLAG_TOPFRAME,
+                    &[(0x10a0, 0x10b0, 0x10)],
+                ),
+                function("runtime.sigreturn__sigaction", 0x10b0, 0x10c0, 0, &[]),
+                function(
+                    "runtime.asmcgocall",
+                    0x10c0,
+                    0x10d0,
+                    FUNC_FLAG_SPWRITE | FUNC_FLAG_ASM,
+                    &[(0x10c0, 0x10c8, 0), (0x10c8, 0x10d0, 64)],
+                ),
+            ],
+            Arch::X86_64,
+        );
+        let at = |address| table.rule_at(address).unwrap();
+        assert_eq!(at(0x1000), kind(RULE_ROOT));
+        // Gap between goexit's end and main.work.
+        assert_eq!(at(0x1010), kind(RULE_FRAME_POINTER));
+        let sp = |cfa_offset, fp_offset| UnwindRule {
+            kind: RULE_CFA_SP,
+            cfa_offset,
+            fp_offset,
+            ra_offset: -8,
+            ..Default::default()
+        };
+        assert_eq!(at(0x1020), sp(8, 0));
+        assert_eq!(at(0x1025), sp(0x30, -16));
+        assert_eq!(at(0x1078), sp(8, 0));
+        // main.work ends where systemstack starts: the stop rule wins.
+        assert_eq!(at(0x1080), kind(RULE_STOP));
+        // The signal handler is a frame, not a root; its restorer is the
+        // signal frame.
+        assert_eq!(at(0x10a0), sp(0x18, -16));
+        assert_eq!(at(0x10b0), kind(RULE_SIGNAL));
+        // ...also where the handler's return address is looked up, one
+        // byte back; the handler's last bytes before it are its own.
+        assert_eq!(at(0x10af), kind(RULE_SIGNAL));
+        assert_eq!(at(0x10ae), sp(0x18, -16));
+        // Go before 1.23: depth and g at 40(SP) and 48(SP); Go 1.19 has
+        // no frame-pointer prologue.
+        assert_eq!(
+            at(0x10c0),
+            UnwindRule {
+                kind: RULE_GO_CGOCALL,
+                cfa_offset: 40,
+                param: 48,
+                ..Default::default()
+            }
+        );
+        assert_eq!(at(0x10d0), kind(RULE_FRAME_POINTER));
+        assert!(table.rows.windows(2).all(|w| w[0].address < w[1].address));
+    }
+
+    #[test]
+    fn arm64_keeps_the_return_address_in_lr_until_the_frame_exists() {
+        let table = rows(
+            &[function(
+                "main.work",
+                0x1000,
+                0x1040,
+                0,
+                &[
+                    (0x1000, 0x1004, 0),
+                    (0x1004, 0x103c, 0x30),
+                    (0x103c, 0x1040, 0),
+                ],
+            )],
+            Arch::Aarch64,
+        );
+        let entry = table.rule_at(0x1000).unwrap();
+        assert_eq!(
+            (entry.cfa_offset, entry.ra_offset, entry.fp_offset),
+            (0, 0, 0)
+        );
+        let body = table.rule_at(0x1010).unwrap();
+        assert_eq!(
+            (body.kind, body.cfa_offset, body.ra_offset, body.fp_offset),
+            (RULE_CFA_SP, 0x30, -0x30, -0x38)
+        );
+    }
+
+    #[test]
+    fn roots_are_known_by_name_before_go_1_17() {
+        let table = rows(
+            &[function(
+                "runtime.goexit",
+                0x2000,
+                0x2010,
+                0,
+                &[(0x2000, 0x2010, 0)],
+            )],
+            Arch::X86_64,
+        );
+        assert_eq!(table.rule_at(0x2000), Some(kind(RULE_ROOT)));
+    }
+
+    #[test]
+    fn go_1_23_keeps_the_cgo_depth_at_the_stack_pointer() {
+        let table = rows(
+            &[
+                function("runtime.asmcgocall_landingpad", 0x3000, 0x3010, 0, &[]),
+                function(
+                    "runtime.asmcgocall",
+                    0x3010,
+                    0x3040,
+                    FUNC_FLAG_SPWRITE | FUNC_FLAG_ASM,
+                    &[
+                        (0x3010, 0x3011, 0),
+                        (0x3011, 0x3030, 8),
+                        (0x3030, 0x3040, 24),
+                    ],
+                ),
+                // The ABIInternal wrapper of the same name: an ordinary frame.
+                function(
+                    "runtime.asmcgocall",
+                    0x3040,
+                    0x3060,
+                    0,
+                    &[(0x3040, 0x3060, 0x18)],
+                ),
+            ],
+            Arch::X86_64,
+        );
+        let rule = table.rule_at(0x3020).unwrap();
+        assert_eq!(
+            (
+                rule.kind,
+                rule.cfa_offset,
+                rule.param,
+                rule.ra_offset,
+                rule.fp_offset
+            ),
+            (RULE_GO_CGOCALL, 0, 8, 8, -16)
+        );
+        assert_eq!(table.rule_at(0x3050).unwrap().kind, RULE_CFA_SP);
+    }
+}

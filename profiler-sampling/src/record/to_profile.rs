@@ -1,0 +1,330 @@
+//! From a recording to a symbolized `Profile`.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use profiler_profile::{Function, Location, Mapping, Profile, ProfileBuilder, ProfileKind, Sample};
+use profiler_symbolize::process::{Process, ProcessTable};
+use profiler_symbolize::{Symbolized, Symbolizer};
+
+use super::{Recording, StackCounts, StackKey, wait};
+
+/// Locations are per process and address (and whether the address is a
+/// return address, which changes what it is looked up as).
+#[derive(Hash, PartialEq, Eq)]
+enum LocationKey {
+    User { pid: u32, pc: u64, lookup_pc: u64 },
+    Kernel { lookup_pc: u64 },
+}
+
+/// Mappings are per process and runtime range; the kernel has one.
+#[derive(Hash, PartialEq, Eq)]
+enum MappingKey {
+    User { pid: u32, start: u64 },
+    Kernel,
+}
+
+/// Symbolizes every distinct address once and builds the profile: one
+/// sample per distinct (thread, stack), leaf first, kernel frames before
+/// the user frames that entered the kernel.
+pub fn build_profile(recording: &mut Recording) -> Profile {
+    let Recording {
+        stacks,
+        processes,
+        symbolizer,
+        started,
+        elapsed,
+        frequency_hz,
+        kind,
+        ..
+    } = recording;
+    let window = ProfileWindow {
+        started: *started,
+        elapsed: *elapsed,
+        frequency_hz: *frequency_hz,
+        kind: *kind,
+    };
+    build_profile_of(stacks.iter(), processes, symbolizer, &window)
+}
+
+/// When and how fast the stacks of a profile were sampled, and what the
+/// profile shows.
+#[derive(Debug, Clone, Copy)]
+pub struct ProfileWindow {
+    pub started: SystemTime,
+    pub elapsed: Duration,
+    pub frequency_hz: u64,
+    pub kind: ProfileKind,
+}
+
+impl ProfileWindow {
+    /// The profile a sampling configuration records: CPU, or CPU and
+    /// off-CPU, or their sum as wall-clock time.
+    pub fn kind_for(config: &crate::sampler::SamplingConfig) -> ProfileKind {
+        match &config.off_cpu {
+            None => ProfileKind::Cpu,
+            Some(off_cpu) if off_cpu.wall => ProfileKind::Wall,
+            Some(_) => ProfileKind::OffCpu,
+        }
+    }
+}
+
+/// Builds a profile of any set of counted stacks (a whole recording, one
+/// window of a continuous run, one service's share of it).
+pub fn build_profile_of<'a>(
+    stacks: impl Iterator<Item = (&'a StackKey, &'a StackCounts)>,
+    processes: &ProcessTable,
+    symbolizer: &mut Symbolizer,
+    window: &ProfileWindow,
+) -> Profile {
+    let start_unix_ns = window
+        .started
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64);
+    let period_ns = 1_000_000_000 / window.frequency_hz.max(1) as i64;
+    let mut builder: ProfileBuilder<LocationKey, MappingKey> =
+        ProfileBuilder::new(start_unix_ns, window.elapsed.as_nanos() as i64, period_ns);
+    builder.kind(window.kind);
+
+    // Deterministic output: visit stacks in a stable order.
+    let mut stacks: Vec<_> = stacks.collect();
+    stacks.sort_by(|a, b| {
+        (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel, &a.0.labels).cmp(&(
+            b.0.pid,
+            b.0.tid,
+            &b.0.user,
+            &b.0.kernel,
+            &b.0.labels,
+        ))
+    });
+
+    // Resolve every distinct user frame in address order first: frames of
+    // one compilation unit then come together, and the DWARF resolver
+    // parses each unit once instead of once per visit (its unit cache is
+    // small on purpose).
+    let mut frames: Vec<(u32, profiler_unwind::RawFrame)> = stacks
+        .iter()
+        .flat_map(|(key, _)| profiler_unwind::frames(&key.user).map(move |f| (key.pid, f)))
+        .collect();
+    frames.sort_by_key(|(pid, f)| (*pid, f.lookup_pc, f.pc));
+    frames.dedup_by_key(|(pid, f)| (*pid, f.lookup_pc, f.pc));
+    let mut resolved: HashMap<(u32, u64, u64), Symbolized> = HashMap::with_capacity(frames.len());
+    for (pid, frame) in frames {
+        let symbolized = symbolizer.user(processes.get(pid), frame.pc, frame.lookup_pc);
+        resolved.insert((pid, frame.pc, frame.lookup_pc), symbolized);
+    }
+
+    for (key, counts) in stacks {
+        let process = processes.get(key.pid);
+        let thread = key.thread_name();
+        let comm = process
+            .map(|p| p.name.clone())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| thread.clone());
+        let mut labels = vec![
+            ("pid".into(), key.pid.to_string()),
+            ("tid".into(), key.tid.to_string()),
+            ("comm".into(), comm),
+            ("thread".into(), thread),
+        ];
+        // A Go label never hides the agent's own (pid, comm, ...).
+        labels.extend(
+            key.labels
+                .iter()
+                .filter(|(k, _)| !labels.iter().any(|(own, _)| own == k))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+        let kernel: Vec<profiler_unwind::RawFrame> =
+            profiler_unwind::kernel_frames(&key.kernel).collect();
+        let mut user = Vec::with_capacity(key.user.len());
+        for frame in profiler_unwind::frames(&key.user) {
+            user.push(user_location(
+                &mut builder,
+                symbolizer,
+                &mut resolved,
+                key.pid,
+                process,
+                frame,
+            ));
+        }
+        if window.kind == ProfileKind::Latency {
+            // Operations at probe hits: their count and total latency.
+            let locations = locations_of(&mut builder, symbolizer, &kernel, &user);
+            builder.sample(Sample {
+                locations,
+                count: counts.samples,
+                off_cpu_ns: counts.blocked_ns,
+                labels,
+            });
+            continue;
+        }
+        if counts.samples > 0 {
+            let locations = locations_of(&mut builder, symbolizer, &kernel, &user);
+            builder.sample(Sample {
+                locations,
+                count: counts.samples,
+                off_cpu_ns: 0,
+                labels: labels.clone(),
+            });
+        }
+        if counts.off_cpu_ns() == 0 {
+            continue;
+        }
+        // Off-CPU: our tracepoint program's frames at the leaf, and the
+        // scheduler's own functions, say nothing about why the thread
+        // waited. They go (the kernel's stack of a sleeping task, which
+        // the interval's stack often is, already leaves the latter out).
+        let names: Vec<String> = kernel
+            .iter()
+            .map(|f| {
+                symbolizer
+                    .kernel_function(f.lookup_pc)
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        let tracing = wait::tracing_frames(&names);
+        let (mut kept, mut kept_names) = (Vec::new(), Vec::new());
+        for (frame, name) in kernel.iter().zip(&names).skip(tracing) {
+            if !symbolizer.kernel_in_scheduler(frame.lookup_pc) {
+                kept.push(*frame);
+                kept_names.push(name.as_str());
+            }
+        }
+        let reason = wait::classify(&kept_names);
+        let locations = locations_of(&mut builder, symbolizer, &kept, &user);
+        for (ns, reason) in [
+            (counts.blocked_ns, reason),
+            (counts.runq_ns, wait::WaitReason::RunQueue),
+        ] {
+            if ns == 0 {
+                continue;
+            }
+            let mut labels = labels.clone();
+            labels.push(("wait".into(), reason.label().into()));
+            builder.sample(Sample {
+                locations: locations.clone(),
+                count: 0,
+                off_cpu_ns: ns,
+                labels,
+            });
+        }
+    }
+    builder.finish()
+}
+
+/// A stack's locations: its kernel frames' (leaf first), then the user
+/// frames' already made.
+fn locations_of(
+    builder: &mut ProfileBuilder<LocationKey, MappingKey>,
+    symbolizer: &mut Symbolizer,
+    kernel: &[profiler_unwind::RawFrame],
+    user: &[usize],
+) -> Vec<usize> {
+    let mut locations = Vec::with_capacity(kernel.len() + user.len());
+    for &frame in kernel {
+        locations.push(kernel_location(builder, symbolizer, frame));
+    }
+    locations.extend_from_slice(user);
+    locations
+}
+
+fn kernel_location(
+    builder: &mut ProfileBuilder<LocationKey, MappingKey>,
+    symbolizer: &mut Symbolizer,
+    frame: profiler_unwind::RawFrame,
+) -> usize {
+    let mapping = builder.mapping(MappingKey::Kernel, || Mapping {
+        file: "[kernel.kallsyms]".into(),
+        ..Mapping::default()
+    });
+    builder.widen_mapping(mapping, frame.pc);
+    let key = LocationKey::Kernel {
+        lookup_pc: frame.lookup_pc,
+    };
+    builder.location(key, |builder| {
+        let symbolized = symbolizer.kernel(frame.lookup_pc);
+        if symbolized.resolved {
+            builder.mapping_has_functions(mapping);
+        }
+        location(builder, symbolized, frame.pc, Some(mapping), true)
+    })
+}
+
+fn user_location(
+    builder: &mut ProfileBuilder<LocationKey, MappingKey>,
+    symbolizer: &mut Symbolizer,
+    resolved: &mut HashMap<(u32, u64, u64), Symbolized>,
+    pid: u32,
+    process: Option<&Process>,
+    frame: profiler_unwind::RawFrame,
+) -> usize {
+    let key = LocationKey::User {
+        pid,
+        pc: frame.pc,
+        lookup_pc: frame.lookup_pc,
+    };
+    builder.location(key, |builder| {
+        let symbolized = resolved
+            .remove(&(pid, frame.pc, frame.lookup_pc))
+            .unwrap_or_else(|| symbolizer.user(process, frame.pc, frame.lookup_pc));
+        let mapping = process.and_then(|p| p.mapping_for(frame.pc)).map(|m| {
+            let index = builder.mapping(
+                MappingKey::User {
+                    pid,
+                    start: m.start,
+                },
+                || Mapping {
+                    start: m.start,
+                    limit: m.end,
+                    file_offset: m.offset,
+                    file: m
+                        .path
+                        .as_ref()
+                        .map_or_else(|| m.name.clone(), |p| p.display().to_string()),
+                    build_id: m
+                        .object
+                        .as_ref()
+                        .and_then(|o| symbolizer.build_id(&o.id))
+                        .unwrap_or_default(),
+                    has_functions: false,
+                },
+            );
+            if symbolized.resolved {
+                builder.mapping_has_functions(index);
+            }
+            index
+        });
+        location(builder, symbolized, frame.pc, mapping, false)
+    })
+}
+
+fn location(
+    builder: &mut ProfileBuilder<LocationKey, MappingKey>,
+    symbolized: Symbolized,
+    address: u64,
+    mapping: Option<usize>,
+    kernel: bool,
+) -> Location {
+    let lines = symbolized
+        .frames
+        .into_iter()
+        .map(|frame| {
+            builder.line(
+                Function {
+                    name: frame.function,
+                    system_name: frame.system_name.unwrap_or_default(),
+                    file: frame.file.unwrap_or_default(),
+                },
+                frame.line.unwrap_or(0),
+            )
+        })
+        .collect();
+    Location {
+        address,
+        mapping,
+        lines,
+        kernel,
+    }
+}

@@ -1,0 +1,374 @@
+//! Sampling: load the BPF program, attach it to a CPU-clock perf event on
+//! every online CPU, and hand each sample to the caller.
+//!
+//! One code path serves `--pid` and system-wide profiling: the pid filter is
+//! a BPF hash map consulted before any stack work, so other processes cost
+//! the kernel one map lookup per sample.
+
+mod errors;
+mod offcpu;
+mod privileges;
+mod reader;
+
+pub use errors::SamplingError;
+pub use offcpu::{DEFAULT_OFF_CPU_MIN, OffCpuConfig, TaskOffsets};
+pub use privileges::check_privileges;
+
+use std::time::Duration;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::PerfEvent;
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::{Ebpf, EbpfLoader};
+use profiler_common::{Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
+
+use self::reader::RecordReader;
+use crate::tables::{TableStore, UnwindArrays, UnwindTables};
+use profiler_bpf::loading::raise_memlock_limit;
+use profiler_runtimes::go::labels::GoLabelRegistry;
+
+/// Records waiting between the ring-buffer thread and the aggregation
+/// above this many bytes are dropped oldest first (see `reader`): at
+/// 100 Hz on 2 CPUs that is minutes of samples, on 64 CPUs seconds.
+const QUEUE_MAX_BYTES: usize = 16 << 20;
+
+/// What to sample.
+#[derive(Debug, Clone)]
+pub struct SamplingConfig {
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    /// Processes to sample; empty means every process on the machine.
+    pub pids: Vec<u32>,
+    /// Load unwind tables (`.eh_frame` CFI, Go pcsp) to walk stacks
+    /// without frame pointers; false walks frame pointers only, as perf
+    /// and bpftrace do.
+    pub unwind_tables: bool,
+    /// Bytes of kernel memory for unwind-table rows (4 bytes a row).
+    pub unwind_table_bytes: u64,
+    /// Also record where threads wait (off-CPU intervals); None for CPU
+    /// samples only.
+    pub off_cpu: Option<OffCpuConfig>,
+    /// Copy Go goroutines' pprof labels into their samples; None leaves
+    /// them out (and the program's path for them with it).
+    pub go_labels: Option<profiler_runtimes::go::labels::GoLabelsConfig>,
+}
+
+/// Default bound on unwind-table rows: 64 MiB holds 16 M rows, the tables
+/// of hundreds of typical objects (libc: 0.2 MiB; see BENCHMARKS.md).
+pub const DEFAULT_UNWIND_TABLE_BYTES: u64 = 64 << 20;
+
+/// Totals of the in-kernel counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    pub fired: u64,
+    pub idle: u64,
+    pub filtered_out: u64,
+    pub sent: u64,
+    pub ring_buffer_full: u64,
+    pub user_stack_failed: u64,
+    pub kernel_stack_failed: u64,
+    pub user_stack_truncated: u64,
+    pub frames_from_tables: u64,
+    pub frames_unsupported_cfi: u64,
+    pub signal_frames: u64,
+    pub off_cpu_switches: u64,
+    pub off_cpu_short: u64,
+    pub off_cpu_unsampled: u64,
+    pub off_cpu_sent: u64,
+    pub off_cpu_lost: u64,
+    pub off_cpu_ring_buffer_full: u64,
+    pub go_labels_read: u64,
+    pub go_labels_cut: u64,
+}
+
+/// Field by field: totals carried over sampler restarts.
+impl std::ops::Add for KernelCounters {
+    type Output = KernelCounters;
+    fn add(self, b: KernelCounters) -> KernelCounters {
+        KernelCounters {
+            fired: self.fired + b.fired,
+            idle: self.idle + b.idle,
+            filtered_out: self.filtered_out + b.filtered_out,
+            sent: self.sent + b.sent,
+            ring_buffer_full: self.ring_buffer_full + b.ring_buffer_full,
+            user_stack_failed: self.user_stack_failed + b.user_stack_failed,
+            kernel_stack_failed: self.kernel_stack_failed + b.kernel_stack_failed,
+            user_stack_truncated: self.user_stack_truncated + b.user_stack_truncated,
+            frames_from_tables: self.frames_from_tables + b.frames_from_tables,
+            frames_unsupported_cfi: self.frames_unsupported_cfi + b.frames_unsupported_cfi,
+            signal_frames: self.signal_frames + b.signal_frames,
+            off_cpu_switches: self.off_cpu_switches + b.off_cpu_switches,
+            off_cpu_short: self.off_cpu_short + b.off_cpu_short,
+            off_cpu_unsampled: self.off_cpu_unsampled + b.off_cpu_unsampled,
+            off_cpu_sent: self.off_cpu_sent + b.off_cpu_sent,
+            off_cpu_lost: self.off_cpu_lost + b.off_cpu_lost,
+            off_cpu_ring_buffer_full: self.off_cpu_ring_buffer_full + b.off_cpu_ring_buffer_full,
+            go_labels_read: self.go_labels_read + b.go_labels_read,
+            go_labels_cut: self.go_labels_cut + b.go_labels_cut,
+        }
+    }
+}
+
+impl KernelCounters {
+    fn set(&mut self, counter: Counter, value: u64) {
+        let slot = match counter {
+            Counter::Fired => &mut self.fired,
+            Counter::Idle => &mut self.idle,
+            Counter::FilteredOut => &mut self.filtered_out,
+            Counter::Sent => &mut self.sent,
+            Counter::RingBufferFull => &mut self.ring_buffer_full,
+            Counter::UserStackFailed => &mut self.user_stack_failed,
+            Counter::KernelStackFailed => &mut self.kernel_stack_failed,
+            Counter::UserStackTruncated => &mut self.user_stack_truncated,
+            Counter::FramesFromTables => &mut self.frames_from_tables,
+            Counter::FramesUnsupportedCfi => &mut self.frames_unsupported_cfi,
+            Counter::SignalFrames => &mut self.signal_frames,
+            Counter::OffCpuSwitches => &mut self.off_cpu_switches,
+            Counter::OffCpuShort => &mut self.off_cpu_short,
+            Counter::OffCpuUnsampled => &mut self.off_cpu_unsampled,
+            Counter::OffCpuSent => &mut self.off_cpu_sent,
+            Counter::OffCpuLost => &mut self.off_cpu_lost,
+            Counter::OffCpuRingBufferFull => &mut self.off_cpu_ring_buffer_full,
+            Counter::GoLabelsRead => &mut self.go_labels_read,
+            Counter::GoLabelsCut => &mut self.go_labels_cut,
+        };
+        *slot = value;
+    }
+}
+
+/// A loaded and attached sampler. Dropping it detaches every perf event.
+pub struct Sampler {
+    /// The thread emptying the ring buffer, and its queue.
+    reader: RecordReader,
+    counters: PerCpuArray<MapData, u64>,
+    /// The loaded programs and their perf-event links; `None` once detached.
+    ebpf: Option<Ebpf>,
+    /// Where each variable-length ring-buffer record is copied to be read
+    /// as a `Sample` (allocated once: a full sample is 9 KiB).
+    buffer: Box<Sample>,
+    cpus: Vec<u32>,
+    /// Until the recorder takes it (`take_go_labels`).
+    go_labels: Option<GoLabelRegistry>,
+}
+
+impl Sampler {
+    /// Loads the program, fills the pid filter, lets `before_attach` load
+    /// unwind tables and register Go processes' label layouts (so the
+    /// first samples already use them), then attaches to every CPU. The
+    /// tables stay with the caller for processes seen later.
+    pub fn start(
+        config: &SamplingConfig,
+        before_attach: impl FnOnce(&UnwindTables, Option<&GoLabelRegistry>),
+    ) -> Result<(Self, UnwindTables), SamplingError> {
+        if config.frequency_hz == 0 {
+            return Err(SamplingError::BadFrequency(config.frequency_hz));
+        }
+        if config.pids.len() > MAX_PID_FILTER as usize {
+            return Err(SamplingError::TooManyPids {
+                given: config.pids.len(),
+                max: MAX_PID_FILTER as usize,
+            });
+        }
+        raise_memlock_limit();
+
+        let filter: u8 = u8::from(!config.pids.is_empty());
+        let row_blocks = unwind_row_blocks(config);
+        let cpus =
+            aya::util::online_cpus().map_err(|(path, e)| SamplingError::OnlineCpus(path, e))?;
+        // Off-CPU programs need the kernel's task_struct layout; asking
+        // first gives a clear error before anything is loaded.
+        let off_cpu = match &config.off_cpu {
+            Some(off_cpu) => Some(offcpu::Globals::new(off_cpu, cpus.len())?),
+            None => None,
+        };
+        let go_labels = profiler_runtimes::go::labels::Globals::new(config.go_labels.is_some());
+        let mut loader = EbpfLoader::new();
+        loader
+            .override_global(GLOBAL_FILTER_PIDS, &filter, true)
+            .map_max_entries("UNWIND_ROWS", row_blocks);
+        if let Some(globals) = &off_cpu {
+            globals.apply(&mut loader);
+        }
+        go_labels.apply(&mut loader);
+        let mut ebpf = loader
+            .load(profiler_bpf::SAMPLING_OBJECT)
+            .map_err(SamplingError::load)?;
+
+        if !config.pids.is_empty() {
+            let mut pid_filter: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(
+                ebpf.map_mut("PID_FILTER")
+                    .ok_or(SamplingError::MissingMap("PID_FILTER"))?,
+            )
+            .map_err(|e| SamplingError::Map("PID_FILTER", e))?;
+            for &pid in &config.pids {
+                pid_filter
+                    .insert(pid, 1, 0)
+                    .map_err(|e| SamplingError::Map("PID_FILTER", e))?;
+            }
+        }
+
+        let arrays = UnwindArrays::take(&mut ebpf)?;
+        let go_labels = match config.go_labels {
+            Some(_) => Some(
+                GoLabelRegistry::spawn(
+                    BpfHashMap::try_from(
+                        ebpf.take_map("GO_PROCESSES")
+                            .ok_or(SamplingError::MissingMap("GO_PROCESSES"))?,
+                    )
+                    .map_err(|e| SamplingError::Map("GO_PROCESSES", e))?,
+                )
+                .map_err(SamplingError::GoLabelsThread)?,
+            ),
+            None => None,
+        };
+        let tables = UnwindTables::spawn(TableStore::new(
+            arrays,
+            profiler_common::unwind::MAX_UNWIND_PROCESSES,
+        ))
+        .map_err(SamplingError::UnwindThread)?;
+        before_attach(&tables, go_labels.as_ref());
+
+        let program: &mut PerfEvent = ebpf
+            .program_mut("sample_stack")
+            .ok_or(SamplingError::MissingProgram("sample_stack"))?
+            .try_into()
+            .map_err(SamplingError::program)?;
+        program.load().map_err(SamplingError::program)?;
+        for &cpu in &cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(config.frequency_hz),
+                    false,
+                )
+                .map_err(|e| SamplingError::Attach { cpu, source: e })?;
+        }
+        if off_cpu.is_some() {
+            offcpu::attach(&mut ebpf)?;
+        }
+
+        let samples = RingBuf::try_from(
+            ebpf.take_map("SAMPLES")
+                .ok_or(SamplingError::MissingMap("SAMPLES"))?,
+        )
+        .map_err(|e| SamplingError::Map("SAMPLES", e))?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map("COUNTERS")
+                .ok_or(SamplingError::MissingMap("COUNTERS"))?,
+        )
+        .map_err(|e| SamplingError::Map("COUNTERS", e))?;
+        // Loading parsed the kernel's BTF (megabytes of type data) and
+        // freed it; hand that memory back instead of keeping it resident.
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: malloc_trim only releases free heap memory.
+        unsafe {
+            libc::malloc_trim(0);
+        }
+        let reader =
+            RecordReader::spawn(samples, QUEUE_MAX_BYTES).map_err(SamplingError::Reader)?;
+        let sampler = Sampler {
+            reader,
+            counters,
+            ebpf: Some(ebpf),
+            buffer: Box::new(zeroed_sample()),
+            cpus,
+            go_labels,
+        };
+        Ok((sampler, tables))
+    }
+
+    /// The thread that tells the program about Go processes, when Go
+    /// labels are read (once: the caller keeps it).
+    pub fn take_go_labels(&mut self) -> Option<GoLabelRegistry> {
+        self.go_labels.take()
+    }
+
+    /// CPUs with an attached perf event.
+    pub fn cpus(&self) -> &[u32] {
+        &self.cpus
+    }
+
+    /// Waits up to `timeout` for samples, then passes every sample read
+    /// from the ring buffer so far to `on_sample`. Returns how many.
+    pub fn drain(&mut self, timeout: Duration, mut on_sample: impl FnMut(&Sample)) -> usize {
+        let buffer = &mut self.buffer;
+        let mut count = 0;
+        self.reader.drain(timeout, |record| {
+            if copy_record(record, buffer) {
+                on_sample(buffer);
+                count += 1;
+            }
+        });
+        count
+    }
+
+    /// Samples the ring-buffer thread dropped because aggregation was
+    /// too far behind.
+    pub fn queue_dropped(&self) -> u64 {
+        self.reader.dropped()
+    }
+
+    /// Detaches the program from every CPU (closing the perf events). The
+    /// ring buffer and counters stay readable, so samples already in flight
+    /// can still be drained.
+    pub fn detach(&mut self) {
+        self.ebpf = None;
+        // One last read of the ring buffer, then its thread ends.
+        self.reader.finish();
+    }
+
+    /// Reads the in-kernel counters, summed over CPUs.
+    pub fn counters(&self) -> KernelCounters {
+        let mut totals = KernelCounters::default();
+        for counter in Counter::ALL {
+            let value = self
+                .counters
+                .get(&(counter as u32), 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or(0);
+            totals.set(counter, value);
+        }
+        totals
+    }
+}
+
+/// Row blocks for the configured table memory (at least one block; none
+/// are needed when tables are off).
+fn unwind_row_blocks(config: &SamplingConfig) -> u32 {
+    let row_bytes = (profiler_common::unwind::UNWIND_ROWS_PER_BLOCK * 4) as u64;
+    if !config.unwind_tables {
+        return 1;
+    }
+    (config.unwind_table_bytes / row_bytes).clamp(1, u64::from(u32::MAX / 16)) as u32
+}
+
+fn zeroed_sample() -> Sample {
+    // SAFETY: Sample is plain integers and arrays of integers (aya::Pod):
+    // all-zero bytes are a valid value.
+    unsafe { std::mem::zeroed() }
+}
+
+/// Copies one ring-buffer record into `sample`. Records end after their
+/// last user frame; one shorter than its header says is rejected.
+fn copy_record(record: &[u8], sample: &mut Sample) -> bool {
+    if record.len() < Sample::HEADER_LEN || record.len() > std::mem::size_of::<Sample>() {
+        return false;
+    }
+    // SAFETY: `sample` is a valid, exclusively borrowed Sample of at least
+    // record.len() bytes, and any bytes are a valid Sample (aya::Pod).
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            record.as_ptr(),
+            (sample as *mut Sample).cast::<u8>(),
+            record.len(),
+        );
+    }
+    sample.kernel_frames as usize <= profiler_common::MAX_STACK_DEPTH
+        && sample.user_frames as usize <= profiler_common::MAX_USER_FRAMES
+        && Sample::record_len(sample.kernel_frames as usize + sample.user_frames as usize)
+            <= record.len()
+        && (sample.flags & profiler_common::SAMPLE_FLAG_GO_LABELS == 0
+            || sample.go_labels().is_some())
+        && sample.wire_len() <= record.len()
+}
