@@ -11,8 +11,9 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use profiler_profile::pprof::proto;
 use profiler_tests::arm64::{Guest, GuestRun, Scenario, arm64_agent, run_guest, tail};
-use profiler_tests::*;
+use profiler_tests::{agent::*, go::*, profiles::*};
 
 /// Go toolchains the arm64 Go fixture is built with: Debian's and the
 /// newest.

@@ -1,6 +1,6 @@
 //! Bad input gets a clear error and a non-zero exit, never a crash.
 
-use profiler_tests::*;
+use profiler_tests::{agent::*, processes::*};
 
 fn stderr_of(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()

@@ -16,7 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use profiler_tests::*;
+use profiler_tests::{
+    agent::*, fixtures::*, go::*, http::*, pprof_raw::*, processes::*, profiles::*,
+};
 
 fn pprof_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -95,8 +97,7 @@ fn go_tool_pprof_reads_the_pull_endpoint() {
     )
     .expect("a pull answers");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    let profile = profiler_profile::pprof::decode(&body).expect("valid pprof");
-    let stacks = stacks(&profile);
+    let stacks = raw_stacks_of(&body);
     assert!(stacks.iter().any(|s| s.has("hot_a")), "{stacks:?}");
     for stack in &stacks {
         assert_eq!(stack.labels["pid"], pid);
@@ -116,8 +117,8 @@ fn go_tool_pprof_reads_the_pull_endpoint() {
     )
     .unwrap();
     assert_eq!(status, 200);
-    let empty = profiler_profile::pprof::decode(&body).unwrap();
-    assert!(empty.sample.is_empty());
+    let empty = RawProfile::of_bytes(&body);
+    assert!(empty.samples.is_empty());
     // Bad parameters are refused with the reason.
     let (status, body) = http_get(
         port,
@@ -358,8 +359,7 @@ fn the_directory_gets_one_labelled_profile_per_service_per_window_within_retenti
             .or_default()
             .push(service.to_string());
 
-        let profile = read_pprof(file);
-        let stacks = stacks(&profile);
+        let stacks = raw_stacks(file);
         assert!(!stacks.is_empty(), "{name} is empty");
         // The last, partial window may hold a single sample: ask for a
         // frame every sample of the fixture has, not for hot_a.
@@ -429,11 +429,11 @@ fn sigterm_delivers_the_partial_window_and_exits_0() {
     assert!(status.success(), "exit status {status}:\n{}", agent.log());
     let files = pprof_files(&out);
     assert_eq!(files.len(), 1, "{files:?}");
-    let profile = read_pprof(&files[0]);
-    let stacks = stacks(&profile);
+    let profile = RawProfile::read(&files[0]);
+    let stacks = profile.stacks();
     assert!(stacks.iter().any(|s| s.has("hot_a")), "{stacks:?}");
     // The window is the ~3 s the agent ran, not the 10 minutes configured.
-    let seconds = profile.duration_nanos as f64 / 1e9;
+    let seconds = profile.duration.as_secs_f64();
     assert!((2.5..20.0).contains(&seconds), "window of {seconds} s");
     // JSON logs: one object per line.
     let log = agent.log();
@@ -712,8 +712,7 @@ fn a_process_in_its_own_namespaces_and_kubelet_cgroup_is_attributed_to_its_conta
     )
     .expect("a pull answers");
     assert_eq!(status, 200);
-    let profile = profiler_profile::pprof::decode(&body).unwrap();
-    let stacks = stacks(&profile);
+    let stacks = raw_stacks_of(&body);
     assert!(
         stacks.iter().any(|s| s.has("hot_a") && s.has("main")),
         "the containerized binary was not symbolized: {stacks:?}\n{}",
@@ -752,7 +751,7 @@ fn a_process_in_its_own_namespaces_and_kubelet_cgroup_is_attributed_to_its_conta
 }
 
 fn stacks_of(file: &Path) -> Vec<Stack> {
-    stacks(&read_pprof(file))
+    raw_stacks(file)
 }
 
 /// A Pyroscope-protocol receiver on 127.0.0.1 that can go down (its
@@ -961,9 +960,7 @@ fn pyroscope_push_survives_a_backend_outage() {
     assert_eq!(labels["service_name"], "pushed-svc");
     assert_eq!(labels["node"], "node-p");
     assert_eq!(first.ids[0].len(), 36, "ID is a UUID: {:?}", first.ids);
-    let profile =
-        profiler_profile::pprof::decode(&first.profiles[0]).expect("raw_profile is gzip pprof");
-    let stacks = stacks(&profile);
+    let stacks = raw_stacks_of(&first.profiles[0]);
     assert!(
         stacks.iter().any(|s| s.has("hot_a") && s.has("main")),
         "{stacks:?}"
@@ -1363,8 +1360,11 @@ fn pyroscope_over_tls_trusts_the_configured_ca_only() {
     let push = decode_push(&body);
     let labels: HashMap<String, String> = push.labels[0].iter().cloned().collect();
     assert_eq!(labels["service_name"], "tls-svc");
-    let profile = profiler_profile::pprof::decode(&push.profiles[0]).unwrap();
-    assert!(stacks(&profile).iter().any(|s| s.has("hot_a")));
+    assert!(
+        raw_stacks_of(&push.profiles[0])
+            .iter()
+            .any(|s| s.has("hot_a"))
+    );
     assert!(agent.terminate(Duration::from_secs(20)).success());
 }
 
@@ -1459,7 +1459,7 @@ fn a_long_pull_symbolizes_a_process_that_exited_before_it_ended() {
     .expect("the pull answers");
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     assert!(waiter.join().unwrap().success());
-    let stacks = stacks(&profiler_profile::pprof::decode(&body).unwrap());
+    let stacks = raw_stacks_of(&body);
     assert!(
         stacks.iter().any(|s| s.has("hot_a") && s.has("main")),
         "the exited process's stacks lost their symbols: {stacks:?}\n{}\n{}",
@@ -1526,7 +1526,7 @@ fn a_cgroup_selection_keeps_only_its_processes() {
     )
     .expect("a pull answers");
     assert_eq!(status, 200);
-    let stacks = stacks(&profiler_profile::pprof::decode(&body).unwrap());
+    let stacks = raw_stacks_of(&body);
     assert!(stacks.iter().any(|s| s.has("hot_a")), "{stacks:?}");
     for stack in &stacks {
         assert_eq!(stack.labels["pid"], inside.pid().to_string(), "{stack:?}");

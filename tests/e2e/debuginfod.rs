@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_tests::*;
+use profiler_tests::{agent::*, fixtures::*, http::*, processes::*, profiles::*};
 
 #[derive(Clone)]
 struct Fixture {

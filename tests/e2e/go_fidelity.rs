@@ -6,7 +6,8 @@
 
 use std::collections::HashMap;
 
-use profiler_tests::*;
+use profiler_profile::pprof::proto;
+use profiler_tests::{agent::*, go::*, processes::*, profiles::*};
 
 /// Flat share (percent) per function: the innermost line of each sample's
 /// leaf location, as `go tool pprof -top` counts it.

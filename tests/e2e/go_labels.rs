@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use profiler_tests::*;
+use profiler_tests::{agent::*, go::*, http::*, processes::*, profiles::*};
 
 /// The versions whose labels are compared with runtime/pprof: both label
 /// storages (a map until 1.23, a sorted slice from 1.24).

@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 
 use profiler_runtimes::go::pclntab::{GoSymbols, PclntabSource, Strategy};
 use profiler_symbolize::Frame;
-use profiler_tests::{build_go_fixture, go_command, go_toolchain};
+use profiler_tests::go::{build_go_fixture, go_command, go_toolchain};
 
 /// A build mode: (name, go build flags, extra environment).
 type Mode = (
@@ -353,7 +353,7 @@ fn addr2line_readable_copy(version: &str, mode: &str, binary: &Path) -> std::pat
 
 fn check_toolchain(version: &str) {
     let go = go_toolchain(version);
-    let fixture_dir = profiler_tests::workspace_root().join("tests/fixtures/go");
+    let fixture_dir = profiler_tests::agent::workspace_root().join("tests/fixtures/go");
     let mut summary = Vec::new();
     let mut twin_layout = None;
     for &(mode, flags, env) in MODES {

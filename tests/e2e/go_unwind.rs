@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use profiler_tests::*;
+use profiler_tests::{agent::*, go::*, processes::*, profiles::*};
 
 const ROOTS: &[&str] = &[
     "runtime.goexit",

@@ -8,7 +8,7 @@
 
 use std::path::Path;
 
-use profiler_tests::*;
+use profiler_tests::{agent::*, fixtures::*, processes::*, profiles::*};
 
 /// Frame-pointer flags, so the C callers of the JIT code are walkable.
 const FLAGS: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer"];

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use profiler_probes::read_probes;
-use profiler_tests::*;
+use profiler_profile::pprof::proto;
+use profiler_tests::{agent::*, fixtures::*, http::*, processes::*, profiles::*};
 
 const ROUNDS: u64 = 5;
 /// Operations per round of each sleep length (the fixture's mix).

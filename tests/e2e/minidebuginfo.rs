@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use profiler_tests::*;
+use profiler_tests::{agent::*, fixtures::*, processes::*, profiles::*};
 
 fn run(program: &str, args: &[&str], dir: &Path) -> String {
     let output = Command::new(program)

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use profiler_tests::*;
+use profiler_tests::{agent::*, profiles::*};
 
 /// (function, file:line) frames, innermost first, per address.
 type Chains = Vec<(u64, Vec<(String, String)>)>;

@@ -7,8 +7,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use profiler_profile::pprof::proto;
 use profiler_tests::perf::{self, PerfRecording};
-use profiler_tests::*;
+use profiler_tests::{agent::*, go::*, processes::*, profiles::*};
 
 const SECONDS: u32 = 4;
 

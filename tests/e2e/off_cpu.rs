@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use profiler_tests::*;
+use profiler_profile::pprof::proto;
+use profiler_tests::{agent::*, fixtures::*, go::*, http::*, processes::*, profiles::*};
 
 /// The fixture's flags: optimized, without frame pointers (the off-CPU
 /// walks use the unwind tables too), and no tail calls, so each

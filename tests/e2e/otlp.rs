@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
-use profiler_tests::*;
+use profiler_tests::{agent::*, fixtures::*, go::*, http::*, processes::*};
 use prost::Message;
 
 /// One resource's profile, resolved through the dictionary.

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use profiler_latency::histogram::{Histogram, Layout, Unit, text};
-use profiler_tests::*;
+use profiler_tests::{agent::*, fixtures::*, processes::*};
 
 /// One probe site as the agent listed it.
 #[derive(Debug, Clone, PartialEq, Eq)]

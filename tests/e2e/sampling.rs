@@ -1,7 +1,7 @@
 //! The sampler end to end: real BPF on this kernel, real fixture processes,
 //! the real agent binary, and assertions on the symbols it wrote.
 
-use profiler_tests::*;
+use profiler_tests::{agent::*, fixtures::*, processes::*, profiles::*};
 
 fn hot_fixture() -> std::path::PathBuf {
     build_c_fixture("hot", C_FRAME_POINTER_FLAGS)

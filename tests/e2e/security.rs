@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use profiler_tests::*;
+use profiler_tests::{agent::*, fixtures::*, http::*, processes::*, profiles::*};
 
 /// Sends raw bytes and returns the status code of the answer (None: the
 /// connection was closed without one).

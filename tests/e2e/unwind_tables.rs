@@ -13,7 +13,7 @@ use profiler_common::unwind::{
     RULE_CFA_DEREF_FP, RULE_CFA_FP, RULE_CFA_SP, RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER,
     RULE_PLT, RULE_ROOT, RULE_SIGNAL, UnwindRule,
 };
-use profiler_tests::*;
+use profiler_tests::{agent::*, go::*};
 use profiler_unwind::build::build_bytes;
 use profiler_unwind::table::ObjectTable;
 

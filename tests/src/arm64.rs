@@ -17,11 +17,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::workspace_root;
+use crate::agent::workspace_root;
 
 /// Where setup unpacks the arm64 kernel and packages.
 pub fn arm64_cache() -> PathBuf {
-    crate::go_toolchain_root().join("arm64")
+    crate::go::go_toolchain_root().join("arm64")
 }
 
 /// The unpacked guest pieces: the kernel image and a root holding

@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 
 use object::{Object, ObjectSegment};
 
-use crate::proto;
+use profiler_profile::pprof::proto;
 
 /// One user frame: the object's path and an ELF virtual address in it.
 /// Callers are given as their return address minus one, as `perf script`

@@ -68,6 +68,9 @@ fn workspace_root() -> PathBuf {
 
 fn build_release() -> anyhow::Result<PathBuf> {
     setup::ensure(Tier::Build)?;
+    // profiler-bpf's build script compiles the BPF programs (a nested
+    // nightly cargo) and prints nothing while it works: say so once.
+    eprintln!("xtask: building profiler-agent and its BPF programs (nightly, bpf-linker)");
     run(cargo().args(["build", "--release", "-p", "profiler-agent"]))?;
     Ok(workspace_root().join("target/release/profiler-agent"))
 }
