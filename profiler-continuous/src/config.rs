@@ -1,8 +1,6 @@
 //! The configuration of `profiler-agent run`: a TOML file, every key of
-//! which a flag or a `PROFILER_AGENT_<KEY>` environment variable overrides
-//! (the CLI maps both onto [`Overrides`]). Keys of a section are flattened
-//! with an underscore: `[pyroscope] url` is `--pyroscope-url` and
-//! `PROFILER_AGENT_PYROSCOPE_URL`.
+//! which a flag or a `PROFILER_AGENT_<KEY>` environment variable overrides,
+//! all three defined once, by the fields below (`settings`).
 //!
 //! `deploy/config.example.toml` documents every key; a unit test parses it.
 
@@ -11,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
+
+use crate::settings::{self, Setting};
 
 pub use super::kubernetes::{KubernetesConfig, KubernetesMode};
 pub use super::probes::ProbeConfig;
@@ -33,17 +33,23 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("{key}: {message}")]
     Invalid { key: &'static str, message: String },
+    #[error("--{flag} (or {env}): {message}")]
+    Flag {
+        flag: String,
+        env: String,
+        message: String,
+    },
 }
 
 /// The whole configuration, defaults filled in.
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Samples per second on each CPU.
     pub frequency_hz: u64,
     /// Length of one window: each window becomes one profile per service.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub window: Duration,
     /// Processes to profile; empty profiles the whole node.
     pub pids: Vec<u32>,
@@ -61,6 +67,7 @@ pub struct Config {
     pub max_pull_seconds: u64,
     /// After SIGTERM: how long to deliver the last window.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub grace_period: Duration,
     /// `text` or `json`.
     pub log_format: LogFormat,
@@ -71,14 +78,21 @@ pub struct Config {
     pub unwind_table_mib: u64,
     /// Also record off-CPU time (see `sampling::OffCpuConfig`).
     pub off_cpu: bool,
+    /// Off-CPU intervals shorter than this are not recorded.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub off_cpu_min: Duration,
+    /// Off-CPU intervals shorter than this are recorded with probability
+    /// interval / period, each then standing for one period.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub off_cpu_period: Duration,
     /// Above this many tracked processes (or `max_objects` open object
     /// files), the sampler is restarted at the next window boundary so
     /// every cache starts empty again: a bound on memory.
     pub max_processes: usize,
+    /// Open object files above which the sampler is restarted (see
+    /// `max_processes`).
     pub max_objects: usize,
     pub directory: DirectoryConfig,
     pub pyroscope: PyroscopeConfig,
@@ -90,11 +104,13 @@ pub struct Config {
     pub auth: profiler_export::auth::AuthConfig,
     /// Probes whose latency histograms `/metrics` exports (`[[probes]]`;
     /// in the file only).
+    #[schemars(skip)]
     pub probes: Vec<ProbeConfig>,
 }
 
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     #[default]
@@ -118,8 +134,9 @@ impl std::str::FromStr for LogFormat {
 /// arrived). Each key set wins over elfutils' variable of the same meaning
 /// (`DEBUGINFOD_URLS`, `DEBUGINFOD_CACHE_PATH`, `DEBUGINFOD_TIMEOUT`,
 /// `DEBUGINFOD_MAXSIZE`).
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, Deserialize, Default, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields, default)]
 pub struct DebuginfodSection {
     /// Servers, tried in order; empty: `DEBUGINFOD_URLS`, else off.
@@ -129,6 +146,7 @@ pub struct DebuginfodSection {
     pub cache: PathBuf,
     /// Per request; empty: `DEBUGINFOD_TIMEOUT`, else 10s.
     #[serde(with = "optional_duration")]
+    #[schemars(with = "String")]
     pub timeout: Option<Duration>,
     /// Largest debug file accepted, in bytes; 0: `DEBUGINFOD_MAXSIZE`,
     /// else 1 GiB.
@@ -147,10 +165,10 @@ impl DebuginfodSection {
 }
 
 /// Go pprof labels on samples (see profiler-runtimes' `go::labels`).
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct GoLabelsSection {
+    /// Copy the running goroutine's pprof labels into its samples.
     pub enabled: bool,
     /// Keys kept (`*` globs); empty: every key.
     pub keys: Vec<String>,
@@ -211,64 +229,6 @@ impl Default for Config {
     }
 }
 
-/// Values given by flag or environment variable; each one set replaces the
-/// file's.
-#[derive(Debug, Clone, Default)]
-pub struct Overrides {
-    pub frequency_hz: Option<u64>,
-    pub window: Option<Duration>,
-    pub pids: Option<Vec<u32>>,
-    pub cgroups: Option<Vec<String>>,
-    pub namespaces: Option<Vec<String>>,
-    pub node: Option<String>,
-    pub listen: Option<String>,
-    pub max_pull_seconds: Option<u64>,
-    pub grace_period: Option<Duration>,
-    pub log_format: Option<LogFormat>,
-    pub frame_pointers_only: Option<bool>,
-    pub unwind_table_mib: Option<u64>,
-    pub off_cpu: Option<bool>,
-    pub off_cpu_min: Option<Duration>,
-    pub off_cpu_period: Option<Duration>,
-    pub max_processes: Option<usize>,
-    pub max_objects: Option<usize>,
-    pub directory_path: Option<PathBuf>,
-    pub directory_max_files: Option<usize>,
-    pub directory_max_bytes: Option<u64>,
-    pub directory_queue_size: Option<usize>,
-    pub pyroscope_url: Option<String>,
-    pub pyroscope_tenant_id: Option<String>,
-    pub pyroscope_basic_auth_username: Option<String>,
-    pub pyroscope_basic_auth_password: Option<String>,
-    pub pyroscope_bearer_token: Option<String>,
-    pub pyroscope_ca_file: Option<PathBuf>,
-    pub pyroscope_timeout: Option<Duration>,
-    pub pyroscope_queue_size: Option<usize>,
-    pub pyroscope_max_attempts: Option<u32>,
-    pub otlp_url: Option<String>,
-    pub otlp_protocol: Option<OtlpProtocol>,
-    pub otlp_tenant_id: Option<String>,
-    pub otlp_basic_auth_username: Option<String>,
-    pub otlp_basic_auth_password: Option<String>,
-    pub otlp_bearer_token: Option<String>,
-    pub otlp_ca_file: Option<PathBuf>,
-    pub otlp_timeout: Option<Duration>,
-    pub otlp_queue_size: Option<usize>,
-    pub otlp_max_attempts: Option<u32>,
-    pub kubernetes_enabled: Option<KubernetesMode>,
-    pub kubernetes_api_url: Option<String>,
-    pub kubernetes_token_file: Option<PathBuf>,
-    pub kubernetes_ca_file: Option<PathBuf>,
-    pub kubernetes_timeout: Option<Duration>,
-    pub web_config_file: Option<PathBuf>,
-    pub bearer_token_file: Option<PathBuf>,
-    pub auth_kubernetes: Option<bool>,
-    pub debuginfod_urls: Option<Vec<String>>,
-    pub debuginfod_cache: Option<PathBuf>,
-    pub debuginfod_timeout: Option<Duration>,
-    pub debuginfod_max_bytes: Option<u64>,
-}
-
 impl Config {
     /// Parses a TOML document.
     pub fn from_toml(text: &str, path: &Path) -> Result<Config, ConfigError> {
@@ -278,96 +238,49 @@ impl Config {
         })
     }
 
-    /// The file at `path` (or the defaults without one), then the
-    /// overrides, then validation.
-    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let mut config = match path {
+    /// The file at `path` (or the defaults without one), the values given
+    /// by flag or environment variable laid over it (`settings`), then
+    /// validation.
+    pub fn load(
+        path: Option<&Path>,
+        given: &[(&Setting, Vec<String>)],
+    ) -> Result<Config, ConfigError> {
+        let (mut table, source) = match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.to_path_buf(),
                     source,
                 })?;
-                Config::from_toml(&text, path)?
+                let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message: e.to_string(),
+                })?;
+                (table, path.to_path_buf())
             }
-            None => Config::default(),
+            None => (toml::Table::new(), PathBuf::from("(no config file)")),
         };
-        config.apply(overrides);
+        for (setting, values) in given {
+            settings::apply(&mut table, setting, values)?;
+        }
+        let config: Config = table.try_into().map_err(|e: toml::de::Error| {
+            // Name the flag or variable when the bad value came from one.
+            let flagged = given.iter().find_map(|(setting, values)| {
+                let mut alone = toml::Table::new();
+                settings::apply(&mut alone, setting, values).ok()?;
+                let error = toml::Value::Table(alone).try_into::<Config>().err()?;
+                Some(ConfigError::Flag {
+                    flag: setting.flag.clone(),
+                    env: setting.env.clone(),
+                    message: error.to_string().replace('\n', " "),
+                })
+            });
+            flagged.unwrap_or(ConfigError::Parse {
+                path: source,
+                message: e.to_string(),
+            })
+        })?;
         config.validate()?;
         Ok(config)
-    }
-
-    pub fn apply(&mut self, o: &Overrides) {
-        fn set<T: Clone>(slot: &mut T, value: &Option<T>) {
-            if let Some(value) = value {
-                *slot = value.clone();
-            }
-        }
-        set(&mut self.frequency_hz, &o.frequency_hz);
-        set(&mut self.window, &o.window);
-        set(&mut self.pids, &o.pids);
-        set(&mut self.cgroups, &o.cgroups);
-        set(&mut self.namespaces, &o.namespaces);
-        set(&mut self.node, &o.node);
-        set(&mut self.listen, &o.listen);
-        set(&mut self.max_pull_seconds, &o.max_pull_seconds);
-        set(&mut self.grace_period, &o.grace_period);
-        set(&mut self.log_format, &o.log_format);
-        set(&mut self.frame_pointers_only, &o.frame_pointers_only);
-        set(&mut self.unwind_table_mib, &o.unwind_table_mib);
-        set(&mut self.off_cpu, &o.off_cpu);
-        set(&mut self.off_cpu_min, &o.off_cpu_min);
-        set(&mut self.off_cpu_period, &o.off_cpu_period);
-        set(&mut self.max_processes, &o.max_processes);
-        set(&mut self.max_objects, &o.max_objects);
-        let d = &mut self.directory;
-        set(&mut d.path, &o.directory_path);
-        set(&mut d.max_files, &o.directory_max_files);
-        set(&mut d.max_bytes, &o.directory_max_bytes);
-        set(&mut d.queue_size, &o.directory_queue_size);
-        let p = &mut self.pyroscope;
-        set(&mut p.url, &o.pyroscope_url);
-        set(&mut p.http.tenant_id, &o.pyroscope_tenant_id);
-        set(
-            &mut p.http.basic_auth_username,
-            &o.pyroscope_basic_auth_username,
-        );
-        set(
-            &mut p.http.basic_auth_password,
-            &o.pyroscope_basic_auth_password,
-        );
-        set(&mut p.http.bearer_token, &o.pyroscope_bearer_token);
-        set(&mut p.http.ca_file, &o.pyroscope_ca_file);
-        set(&mut p.http.timeout, &o.pyroscope_timeout);
-        set(&mut p.queue_size, &o.pyroscope_queue_size);
-        set(&mut p.max_attempts, &o.pyroscope_max_attempts);
-        let t = &mut self.otlp;
-        set(&mut t.url, &o.otlp_url);
-        set(&mut t.protocol, &o.otlp_protocol);
-        set(&mut t.http.tenant_id, &o.otlp_tenant_id);
-        set(&mut t.http.basic_auth_username, &o.otlp_basic_auth_username);
-        set(&mut t.http.basic_auth_password, &o.otlp_basic_auth_password);
-        set(&mut t.http.bearer_token, &o.otlp_bearer_token);
-        set(&mut t.http.ca_file, &o.otlp_ca_file);
-        set(&mut t.http.timeout, &o.otlp_timeout);
-        set(&mut t.queue_size, &o.otlp_queue_size);
-        set(&mut t.max_attempts, &o.otlp_max_attempts);
-        let k = &mut self.kubernetes;
-        set(&mut k.enabled, &o.kubernetes_enabled);
-        set(&mut k.api_url, &o.kubernetes_api_url);
-        set(&mut k.token_file, &o.kubernetes_token_file);
-        set(&mut k.ca_file, &o.kubernetes_ca_file);
-        set(&mut k.timeout, &o.kubernetes_timeout);
-        let d = &mut self.debuginfod;
-        set(&mut d.urls, &o.debuginfod_urls);
-        set(&mut d.cache, &o.debuginfod_cache);
-        if o.debuginfod_timeout.is_some() {
-            d.timeout = o.debuginfod_timeout;
-        }
-        set(&mut d.max_bytes, &o.debuginfod_max_bytes);
-        let a = &mut self.auth;
-        set(&mut a.web_config_file, &o.web_config_file);
-        set(&mut a.bearer_token_file, &o.bearer_token_file);
-        set(&mut a.kubernetes, &o.auth_kubernetes);
     }
 
     /// What each window's profiles show.
@@ -504,8 +417,8 @@ mod optional_duration {
 
     use serde::{Deserialize, Deserializer};
 
-    /// For the config-keys test, which reads the keys from the model.
-    #[cfg(test)]
+    /// The config-keys test and the settings' defaults read the keys from
+    /// the model.
     pub fn serialize<S: serde::Serializer>(
         value: &Option<Duration>,
         s: S,
@@ -622,22 +535,36 @@ mod tests {
     }
 
     #[test]
-    fn overrides_replace_file_values() {
-        let mut config = Config::from_toml(
-            "window = \"30s\"\n[directory]\npath = \"/a\"\n",
-            Path::new("x.toml"),
-        )
-        .unwrap();
-        config.apply(&Overrides {
-            window: Some(Duration::from_secs(5)),
-            directory_path: Some("/b".into()),
-            pyroscope_url: Some("http://127.0.0.1:4040".into()),
-            ..Overrides::default()
-        });
+    fn flags_and_variables_replace_file_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "window = \"30s\"\n[directory]\npath = \"/a\"\n").unwrap();
+        let given = [
+            (settings::by_flag("window").unwrap(), vec!["5s".to_string()]),
+            (
+                settings::by_flag("directory-path").unwrap(),
+                vec!["/b".to_string()],
+            ),
+            (
+                settings::by_flag("pyroscope-url").unwrap(),
+                vec!["http://127.0.0.1:4040".to_string()],
+            ),
+        ];
+        let config = Config::load(Some(&file), &given).unwrap();
         assert_eq!(config.window, Duration::from_secs(5));
         assert_eq!(config.directory.path, PathBuf::from("/b"));
         assert_eq!(config.pyroscope.url, "http://127.0.0.1:4040");
-        config.validate().unwrap();
+        // What the file set and nobody overrode stays; the rest is default.
+        let config = Config::load(Some(&file), &[]).unwrap();
+        assert_eq!(config.window, Duration::from_secs(30));
+        assert_eq!(config.frequency_hz, 100);
+        // A value a flag gives is checked as the file's would be.
+        let bad = [(
+            settings::by_flag("window").unwrap(),
+            vec!["soon".to_string()],
+        )];
+        let error = Config::load(None, &bad).unwrap_err().to_string();
+        assert!(error.contains("soon"), "{error}");
     }
 
     #[test]

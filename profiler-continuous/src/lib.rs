@@ -3,7 +3,8 @@
 //! service per window handed to the exporters (`profiler_export`), pulls
 //! served on `/debug/pprof/profile`, health on `/metrics`.
 //!
-//! - `config`: the TOML file and its flag / environment overrides;
+//! - `config`: the TOML file; `settings`: each of its keys as a flag and
+//!   an environment variable, from one definition;
 //! - `agent`: the run loop (windows, pulls, shutdown);
 //! - `metadata`: service name and container of each process;
 //! - `kubernetes`: pod, namespace and container names from the API server;
@@ -14,6 +15,7 @@ pub mod config;
 pub mod kubernetes;
 pub mod metadata;
 pub mod probes;
+pub mod settings;
 
 pub use agent::{Agent, RunError, RunSummary};
-pub use config::{Config, ConfigError, LogFormat, Overrides};
+pub use config::{Config, ConfigError, LogFormat};

@@ -27,8 +27,7 @@ use profiler_profile::Profile;
 use profiler_sampling::record::{ProfileWindow, StackCounts, StackKey};
 
 /// One `[[probes]]` entry.
-#[cfg_attr(test, derive(serde::Serialize))]
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProbeConfig {
     /// Names the metric family: `profiler_probe_<name>_...`.

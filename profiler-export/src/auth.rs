@@ -34,17 +34,23 @@ use crate::access::{AuthError, Decision};
 
 /// `[auth]` of the agent's configuration.
 // Serialize: the agent's config-keys test reads every key from the types.
-#[derive(serde::Serialize, Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(
+    serde::Serialize, schemars::JsonSchema, Debug, Clone, Default, PartialEq, Eq, Deserialize,
+)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthConfig {
-    /// exporter-toolkit web config (TLS, basic auth); empty: none.
+    /// Prometheus exporter-toolkit web config (TLS, client certificates,
+    /// basic_auth_users with bcrypt hashes) for the listener; empty: none.
+    // The flag's name predates the section rule (`--auth-...`).
+    #[schemars(extend("x-flag" = "web-config-file"))]
     pub web_config_file: PathBuf,
     /// A file holding the bearer token callers must present; empty: none.
+    #[schemars(extend("x-flag" = "bearer-token-file"))]
     pub bearer_token_file: PathBuf,
     /// Check bearer tokens with the Kubernetes API (TokenReview, then
     /// SubjectAccessReview on the path); uses `[kubernetes]`'s connection.
     pub kubernetes: bool,
-    /// How long a review's answer is reused [default: 60].
+    /// How long a review's answer is reused, in seconds [default: 60].
     pub cache_seconds: u64,
 }
 

@@ -134,7 +134,7 @@ impl Exporter for DirectoryExporter {
 }
 
 /// Writes each window's profiles as files, oldest deleted first.
-#[derive(serde::Serialize, Debug, Clone, PartialEq, Deserialize)]
+#[derive(serde::Serialize, schemars::JsonSchema, Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DirectoryConfig {
     /// Where to write; empty disables this exporter.

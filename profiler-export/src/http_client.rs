@@ -148,12 +148,14 @@ pub fn auth_headers(config: &HttpConfig) -> Vec<(String, String)> {
 }
 
 /// How a push exporter talks HTTP.
-#[derive(serde::Serialize, Debug, Clone, PartialEq, Deserialize)]
+#[derive(serde::Serialize, schemars::JsonSchema, Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Sent as `X-Scope-OrgID` (multi-tenant Pyroscope, Grafana Cloud).
     pub tenant_id: String,
+    /// HTTP basic authentication's user (with `basic_auth_password`).
     pub basic_auth_username: String,
+    /// HTTP basic authentication's password.
     pub basic_auth_password: String,
     /// Sent as `Authorization: Bearer ...`.
     pub bearer_token: String,
@@ -161,6 +163,7 @@ pub struct HttpConfig {
     pub ca_file: PathBuf,
     /// Per request, connect to last byte.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub timeout: Duration,
 }
 

@@ -12,7 +12,9 @@ use ureq::tls::Certificate;
 
 // The config types derive Serialize for the agent's config-keys test,
 // which reads every key from the types.
-#[derive(serde::Serialize, Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(
+    serde::Serialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum KubernetesMode {
     /// On when `KUBERNETES_SERVICE_HOST` is set (or `api_url` is); a
@@ -37,9 +39,10 @@ impl std::str::FromStr for KubernetesMode {
 }
 
 /// The `[kubernetes]` section.
-#[derive(serde::Serialize, Debug, Clone, PartialEq, Deserialize)]
+#[derive(serde::Serialize, schemars::JsonSchema, Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KubernetesConfig {
+    /// Pod names from the Kubernetes API: auto (in a cluster), on or off.
     pub enabled: KubernetesMode,
     /// API server URL; empty means
     /// `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`.
@@ -52,6 +55,7 @@ pub struct KubernetesConfig {
     /// Connecting, the answer's headers, and reading a whole list. A watch
     /// may last `WATCH_SECONDS` plus this.
     #[serde(with = "humantime_serde")]
+    #[schemars(with = "String")]
     pub timeout: Duration,
 }
 

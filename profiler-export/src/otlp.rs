@@ -365,22 +365,28 @@ mod grpc {
 }
 
 /// Exports each window as OTLP profiles (`ProfilesService/Export`).
-#[derive(serde::Serialize, Debug, Clone, PartialEq, Deserialize)]
+#[derive(serde::Serialize, schemars::JsonSchema, Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OtlpConfig {
     /// The receiver, e.g. `http://otel-collector:4318` for HTTP/protobuf
     /// (`/v1development/profiles` is appended when the URL has no path) or
     /// `http://otel-collector:4317` for gRPC; empty disables.
     pub url: String,
+    /// grpc or http/protobuf.
     pub protocol: OtlpProtocol,
     #[serde(flatten)]
     pub http: HttpConfig,
+    /// Windows queued while the receiver is slow or down, before the
+    /// oldest is dropped.
     pub queue_size: usize,
+    /// Attempts per window before it is dropped.
     pub max_attempts: u32,
 }
 
 /// The OTLP transports, named as `OTEL_EXPORTER_OTLP_PROTOCOL` names them.
-#[derive(serde::Serialize, Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(
+    serde::Serialize, schemars::JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default,
+)]
 pub enum OtlpProtocol {
     #[serde(rename = "grpc")]
     Grpc,

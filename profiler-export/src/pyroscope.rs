@@ -116,13 +116,15 @@ fn uuid_v4() -> String {
 }
 
 /// Pushes each window to Pyroscope (`POST /push.v1.PusherService/Push`).
-#[derive(serde::Serialize, Debug, Clone, PartialEq, Deserialize)]
+#[derive(serde::Serialize, schemars::JsonSchema, Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PyroscopeConfig {
     /// Base URL, e.g. `http://pyroscope.monitoring:4040`; empty disables.
     pub url: String,
     #[serde(flatten)]
     pub http: HttpConfig,
+    /// Windows queued while Pyroscope is slow or down, before the oldest
+    /// is dropped.
     pub queue_size: usize,
     /// Attempts per window before it is dropped.
     pub max_attempts: u32,
