@@ -172,111 +172,95 @@ pub struct UserRegs {
     pub go_g: u64,
 }
 
-/// Indices into the per-CPU `COUNTERS` array: what happened to every
-/// sample the perf event delivered. The agent sums them over CPUs and
-/// reports them at the end of a run.
-#[repr(u32)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Counter {
+/// Declares the kernel counters, one row each: the variant (its slot in
+/// the per-CPU `COUNTERS` array), its doc comment (the metric's help), its
+/// name in the end-of-run report, and its Prometheus metric. The BPF
+/// programs bump a variant; the agent sums the slots over CPUs
+/// (`KernelCounters`), `/metrics` and the report read every row. Adding a
+/// counter is adding a row here and a `bump` where it happens.
+macro_rules! counters {
+    ($( $(#[doc = $doc:literal])* $variant:ident = $slot:literal, $name:literal, $metric:literal; )*) => {
+        /// Indices into the per-CPU `COUNTERS` array: what happened to
+        /// every sample the perf event delivered (see `counters!`).
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum Counter {
+            $( $(#[doc = $doc])* $variant = $slot, )*
+        }
+
+        impl Counter {
+            pub const ALL: &'static [Counter] = &[$( Counter::$variant, )*];
+
+            /// The counter's name in the end-of-run report.
+            pub const fn name(self) -> &'static str {
+                match self { $( Counter::$variant => $name, )* }
+            }
+
+            /// Its Prometheus metric (a counter: `..._total`).
+            pub const fn metric(self) -> &'static str {
+                match self { $( Counter::$variant => $metric, )* }
+            }
+
+            /// What it counts: its doc comment.
+            pub const fn help(self) -> &'static str {
+                match self { $( Counter::$variant => concat!($($doc),*), )* }
+            }
+        }
+    };
+}
+
+counters! {
     /// The perf event fired and the program ran.
-    Fired = 0,
+    Fired = 0, "fired", "profiler_agent_kernel_samples_total";
     /// The sample hit the idle task (pid 0) and was not recorded.
-    Idle = 1,
+    Idle = 1, "idle", "profiler_agent_kernel_samples_idle_total";
     /// The sample belonged to a process outside the `--pid` filter.
-    FilteredOut = 2,
+    FilteredOut = 2, "filtered_out", "profiler_agent_kernel_samples_filtered_out_total";
     /// The sample was written to the ring buffer.
-    Sent = 3,
+    Sent = 3, "sent", "profiler_agent_kernel_samples_sent_total";
     /// The ring buffer was full: the sample was lost.
-    RingBufferFull = 4,
+    RingBufferFull = 4, "ring_buffer_full", "profiler_agent_kernel_samples_dropped_total";
     /// A user-memory read failed during the user stack walk (sample still
     /// sent with the frames found so far).
-    UserStackFailed = 5,
+    UserStackFailed = 5, "user_stack_failed", "profiler_agent_kernel_user_stack_failed_total";
     /// `bpf_get_stack` failed for the kernel stack (sample still sent).
-    KernelStackFailed = 6,
+    KernelStackFailed = 6, "kernel_stack_failed", "profiler_agent_kernel_kernel_stack_failed_total";
     /// The user stack walk hit `MAX_USER_FRAMES`.
-    UserStackTruncated = 7,
+    UserStackTruncated = 7, "user_stack_truncated", "profiler_agent_stacks_truncated_total";
     /// User frames unwound with a table row (not frame pointers).
-    FramesFromTables = 8,
+    FramesFromTables = 8, "frames_from_tables", "profiler_agent_kernel_frames_from_tables_total";
     /// Frames where the table's CFI had a rule the walker does not model
     /// (a CFA kept in another register or computed by an expression), so
     /// the frame pointer was used instead.
-    FramesUnsupportedCfi = 9,
+    FramesUnsupportedCfi = 9, "frames_unsupported_cfi", "profiler_agent_kernel_frames_unsupported_cfi_total";
     /// User frames unwound through a signal frame (registers from the
     /// signal's ucontext).
-    SignalFrames = 10,
+    SignalFrames = 10, "signal_frames", "profiler_agent_kernel_signal_frames_total";
     /// Off-CPU: a traced thread left its CPU (blocked or preempted).
-    OffCpuSwitches = 11,
+    OffCpuSwitches = 11, "off_cpu_switches", "profiler_agent_off_cpu_switches_total";
     /// Off-CPU: intervals shorter than the minimum, not recorded.
-    OffCpuShort = 12,
+    OffCpuShort = 12, "off_cpu_short", "profiler_agent_kernel_off_cpu_short_total";
     /// Off-CPU: intervals shorter than the sampling period left out by
     /// the weighted draw (the recorded ones stand for them).
-    OffCpuUnsampled = 13,
+    OffCpuUnsampled = 13, "off_cpu_unsampled", "profiler_agent_kernel_off_cpu_unsampled_total";
     /// Off-CPU: records written to the ring buffer.
-    OffCpuSent = 14,
+    OffCpuSent = 14, "off_cpu_sent", "profiler_agent_kernel_off_cpu_sent_total";
     /// Off-CPU: intervals lost because their stack could not be kept
     /// until the thread ran again (the pending map was full), or because
     /// the thread was switched out twice with no switch-in seen between.
-    OffCpuLost = 15,
+    OffCpuLost = 15, "off_cpu_lost", "profiler_agent_kernel_off_cpu_lost_total";
     /// Off-CPU: records lost to a full ring buffer.
-    OffCpuRingBufferFull = 16,
+    OffCpuRingBufferFull = 16, "off_cpu_ring_buffer_full", "profiler_agent_kernel_off_cpu_dropped_total";
     /// Samples of a Go process that found the running goroutine (and
     /// copied its labels).
-    GoLabelsRead = 17,
+    GoLabelsRead = 17, "go_labels_read", "profiler_agent_kernel_go_labels_read_total";
     /// Of those, samples whose labels were cut: more than
     /// `runtimes::go::MAX_GO_LABELS`, or a key or value longer than kept.
-    GoLabelsCut = 18,
+    GoLabelsCut = 18, "go_labels_cut", "profiler_agent_kernel_go_labels_cut_total";
 }
 
 /// Number of `Counter` slots.
 pub const COUNTER_SLOTS: u32 = 32;
-
-impl Counter {
-    pub const ALL: [Counter; 19] = [
-        Counter::Fired,
-        Counter::Idle,
-        Counter::FilteredOut,
-        Counter::Sent,
-        Counter::RingBufferFull,
-        Counter::UserStackFailed,
-        Counter::KernelStackFailed,
-        Counter::UserStackTruncated,
-        Counter::FramesFromTables,
-        Counter::FramesUnsupportedCfi,
-        Counter::SignalFrames,
-        Counter::OffCpuSwitches,
-        Counter::OffCpuShort,
-        Counter::OffCpuUnsampled,
-        Counter::OffCpuSent,
-        Counter::OffCpuLost,
-        Counter::OffCpuRingBufferFull,
-        Counter::GoLabelsRead,
-        Counter::GoLabelsCut,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Counter::Fired => "fired",
-            Counter::Idle => "idle",
-            Counter::FilteredOut => "filtered_out",
-            Counter::Sent => "sent",
-            Counter::RingBufferFull => "ring_buffer_full",
-            Counter::UserStackFailed => "user_stack_failed",
-            Counter::KernelStackFailed => "kernel_stack_failed",
-            Counter::UserStackTruncated => "user_stack_truncated",
-            Counter::FramesFromTables => "frames_from_tables",
-            Counter::FramesUnsupportedCfi => "frames_unsupported_cfi",
-            Counter::SignalFrames => "signal_frames",
-            Counter::OffCpuSwitches => "off_cpu_switches",
-            Counter::OffCpuShort => "off_cpu_short",
-            Counter::OffCpuUnsampled => "off_cpu_unsampled",
-            Counter::OffCpuSent => "off_cpu_sent",
-            Counter::OffCpuLost => "off_cpu_lost",
-            Counter::OffCpuRingBufferFull => "off_cpu_ring_buffer_full",
-            Counter::GoLabelsRead => "go_labels_read",
-            Counter::GoLabelsCut => "go_labels_cut",
-        }
-    }
-}
 
 /// Name of the read-only global that switches the in-kernel pid filter on.
 /// The loader sets it (`EbpfLoader::set_global`) before loading, so the

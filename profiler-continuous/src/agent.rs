@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use profiler_common::Counter;
 use profiler_export::directory::DirectoryExporter;
 use profiler_export::otlp::OtlpExporter;
 use profiler_export::pyroscope::PyroscopeExporter;
@@ -501,24 +502,16 @@ impl Agent {
             None => Totals::default(),
         };
         let t = self.carried.plus(live);
-        m.kernel_fired.store(t.kernel.fired, Relaxed);
-        m.kernel_idle.store(t.kernel.idle, Relaxed);
-        m.kernel_sent.store(t.kernel.sent, Relaxed);
-        m.kernel_ring_buffer_full
-            .store(t.kernel.ring_buffer_full, Relaxed);
-        m.kernel_user_stack_failed
-            .store(t.kernel.user_stack_failed, Relaxed);
-        m.kernel_kernel_stack_failed
-            .store(t.kernel.kernel_stack_failed, Relaxed);
-        m.kernel_user_stack_truncated
-            .store(t.kernel.user_stack_truncated, Relaxed);
+        for (counter, value) in t.kernel.iter() {
+            m.kernel[counter as usize].store(value, Relaxed);
+        }
         m.samples_received.store(t.samples, Relaxed);
-        m.off_cpu_switches.store(t.kernel.off_cpu_switches, Relaxed);
-        let lost = t.kernel.off_cpu_lost + t.kernel.off_cpu_ring_buffer_full;
+        let k = &t.kernel;
+        let lost = k[Counter::OffCpuLost] + k[Counter::OffCpuRingBufferFull];
         for (slot, value) in m.off_cpu_intervals.iter().zip([
             t.off_cpu.intervals,
-            t.kernel.off_cpu_short,
-            t.kernel.off_cpu_unsampled,
+            k[Counter::OffCpuShort],
+            k[Counter::OffCpuUnsampled],
             lost,
         ]) {
             slot.store(value, Relaxed);

@@ -6,6 +6,8 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use profiler_common::{COUNTER_SLOTS, Counter};
+
 /// Upper bounds (seconds) of the export latency histogram.
 const LATENCY_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
 
@@ -19,16 +21,12 @@ pub const DEBUGINFOD_RESULTS: [&str; 6] = [
 /// the agent started (carried over sampler restarts).
 #[derive(Debug, Default)]
 pub struct Metrics {
-    pub kernel_fired: AtomicU64,
-    pub kernel_idle: AtomicU64,
-    pub kernel_sent: AtomicU64,
-    pub kernel_ring_buffer_full: AtomicU64,
+    /// The BPF programs' counters, by `profiler_common::Counter` slot: each
+    /// row of that table is a metric here.
+    pub kernel: [AtomicU64; COUNTER_SLOTS as usize],
     /// Samples read from the ring buffer, then dropped because the agent
     /// fell too far behind.
     pub samples_queue_dropped: AtomicU64,
-    pub kernel_user_stack_failed: AtomicU64,
-    pub kernel_kernel_stack_failed: AtomicU64,
-    pub kernel_user_stack_truncated: AtomicU64,
     /// Samples user space received and aggregated.
     pub samples_received: AtomicU64,
     /// Stacks (distinct per window) unwound into profiles.
@@ -81,7 +79,6 @@ pub struct Metrics {
     /// Off-CPU: switches of traced threads, and what became of the
     /// intervals (recorded, shorter than the minimum, left out by
     /// sampling, lost), and the time the recorded ones stand for.
-    pub off_cpu_switches: AtomicU64,
     pub off_cpu_intervals: [AtomicU64; 4],
     /// debuginfod lookups by result (see `DEBUGINFOD_RESULTS`), and the
     /// downloads under way.
@@ -142,46 +139,11 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let l = |a: &AtomicU64| a.load(Relaxed);
-        let counters: [(&str, &str, u64); 40] = [
-            (
-                "profiler_agent_kernel_samples_total",
-                "Perf events that fired (samples taken by the kernel, idle included).",
-                l(&self.kernel_fired),
-            ),
-            (
-                "profiler_agent_kernel_samples_idle_total",
-                "Samples of the idle task (not recorded).",
-                l(&self.kernel_idle),
-            ),
-            (
-                "profiler_agent_kernel_samples_sent_total",
-                "Samples the kernel wrote to the ring buffer.",
-                l(&self.kernel_sent),
-            ),
-            (
-                "profiler_agent_kernel_samples_dropped_total",
-                "Samples lost because the ring buffer was full.",
-                l(&self.kernel_ring_buffer_full),
-            ),
+        let counters: Vec<(&str, &str, u64)> = vec![
             (
                 "profiler_agent_samples_queue_dropped_total",
                 "Samples read from the ring buffer but dropped because aggregation fell behind.",
                 l(&self.samples_queue_dropped),
-            ),
-            (
-                "profiler_agent_kernel_user_stack_failed_total",
-                "User stack walks cut short by a failed memory read.",
-                l(&self.kernel_user_stack_failed),
-            ),
-            (
-                "profiler_agent_kernel_kernel_stack_failed_total",
-                "Kernel stack walks that failed.",
-                l(&self.kernel_kernel_stack_failed),
-            ),
-            (
-                "profiler_agent_stacks_truncated_total",
-                "User stacks cut at the frame limit.",
-                l(&self.kernel_user_stack_truncated),
             ),
             (
                 "profiler_agent_samples_received_total",
@@ -344,7 +306,10 @@ impl Metrics {
                 l(&self.kubernetes_watch_errors),
             ),
         ];
-        for (name, help, value) in counters {
+        let kernel = Counter::ALL
+            .iter()
+            .map(|&c| (c.metric(), c.help().trim(), l(&self.kernel[c as usize])));
+        for (name, help, value) in kernel.chain(counters) {
             let kind = if name.ends_with("_total") {
                 "counter"
             } else {
@@ -386,15 +351,10 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP profiler_agent_off_cpu_switches_total Context switches of traced threads \
-             (off-CPU profiling).\n\
-             # TYPE profiler_agent_off_cpu_switches_total counter\n\
-             profiler_agent_off_cpu_switches_total {}\n\
-             # HELP profiler_agent_off_cpu_intervals_total Off-CPU intervals by what became of \
+            "# HELP profiler_agent_off_cpu_intervals_total Off-CPU intervals by what became of \
              them: recorded, short (below off_cpu_min), unsampled (left out by the weighted draw; \
              the recorded ones stand for them), lost (no room for the stack, or ring buffer full).\n\
-             # TYPE profiler_agent_off_cpu_intervals_total counter",
-            l(&self.off_cpu_switches)
+             # TYPE profiler_agent_off_cpu_intervals_total counter"
         );
         for (result, value) in ["recorded", "short", "unsampled", "lost"]
             .iter()
@@ -552,8 +512,8 @@ mod tests {
     #[test]
     fn renders_counters_gauges_and_a_cumulative_histogram() {
         let metrics = Metrics::default();
-        metrics.kernel_fired.store(42, Relaxed);
-        metrics.kernel_ring_buffer_full.store(3, Relaxed);
+        metrics.kernel[Counter::Fired as usize].store(42, Relaxed);
+        metrics.kernel[Counter::RingBufferFull as usize].store(3, Relaxed);
         let stats = Arc::new(ExporterStats::new("pyroscope"));
         stats.observe_latency(0.02);
         stats.observe_latency(3.0);

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
+use profiler_common::Counter;
 use profiler_profile::{Format, Profile, ProfileKind};
 use profiler_sampling::record::{Recorder, Recording, build_profile};
 use profiler_sampling::sampler::{SamplingConfig, check_privileges};
@@ -237,6 +238,27 @@ pub(super) fn write_output(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
+/// The kernel counters `report` puts in words.
+const EXPLAINED: &[Counter] = &[
+    Counter::Fired,
+    Counter::Idle,
+    Counter::FilteredOut,
+    Counter::RingBufferFull,
+    Counter::KernelStackFailed,
+    Counter::Sent,
+    Counter::OffCpuSwitches,
+    Counter::OffCpuShort,
+    Counter::OffCpuUnsampled,
+    Counter::OffCpuLost,
+    Counter::OffCpuRingBufferFull,
+    Counter::OffCpuSent,
+    Counter::GoLabelsRead,
+    Counter::GoLabelsCut,
+    Counter::FramesFromTables,
+    Counter::SignalFrames,
+    Counter::FramesUnsupportedCfi,
+];
+
 fn report(recording: &Recording, output: &Path, format: Format, profile: &Profile) {
     let c = &recording.counters;
     let symbolizer = &recording.symbolizer;
@@ -264,7 +286,11 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
     eprintln!(
         "  kernel: {} samples taken, {} idle, {} outside --pid, {} lost (ring buffer full), \
          {} kernel stack walks failed",
-        c.fired, c.idle, c.filtered_out, c.ring_buffer_full, c.kernel_stack_failed
+        c[Counter::Fired],
+        c[Counter::Idle],
+        c[Counter::FilteredOut],
+        c[Counter::RingBufferFull],
+        c[Counter::KernelStackFailed]
     );
     if recording.queue_dropped > 0 {
         eprintln!(
@@ -272,10 +298,11 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
             recording.queue_dropped
         );
     }
-    if recording.samples + recording.queue_dropped != c.sent {
+    if recording.samples + recording.queue_dropped != c[Counter::Sent] {
         eprintln!(
             "  note: {} samples sent by the kernel, {} received",
-            c.sent, recording.samples
+            c[Counter::Sent],
+            recording.samples
         );
     }
     eprintln!(
@@ -289,14 +316,14 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
              for a CPU), {} shorter than --off-cpu-min, {} left out by sampling (the recorded \
              ones stand for them), {} lost (no room to keep the stack, or the end not seen), {} lost (ring buffer \
              full)",
-            c.off_cpu_switches,
+            c[Counter::OffCpuSwitches],
             o.intervals,
             o.blocked_ns as f64 / 1e9,
             o.runq_ns as f64 / 1e9,
-            c.off_cpu_short,
-            c.off_cpu_unsampled,
-            c.off_cpu_lost,
-            c.off_cpu_ring_buffer_full,
+            c[Counter::OffCpuShort],
+            c[Counter::OffCpuUnsampled],
+            c[Counter::OffCpuLost],
+            c[Counter::OffCpuRingBufferFull],
         );
     }
     eprintln!(
@@ -342,8 +369,8 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
             g.processes,
             g.from_dwarf,
             g.from_versions,
-            c.go_labels_read,
-            c.go_labels_cut,
+            c[Counter::GoLabelsRead],
+            c[Counter::GoLabelsCut],
             profiler_common::runtimes::go::MAX_GO_LABELS,
             profiler_common::runtimes::go::GO_LABEL_KEY_BYTES,
             profiler_common::runtimes::go::GO_LABEL_VALUE_BYTES,
@@ -353,7 +380,7 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
         }
     }
     let t = &recording.unwind_tables;
-    if t.tables_loaded > 0 || c.frames_from_tables > 0 {
+    if t.tables_loaded > 0 || c[Counter::FramesFromTables] > 0 {
         eprintln!(
             "  unwinding: tables for {} objects ({} rows, {:.1} MiB) in {} processes, built in \
              {} ms; {} frames unwound by tables, {} through signal frames, {} by frame pointers \
@@ -363,9 +390,9 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
             t.rows_loaded as f64 * 4.0 / (1 << 20) as f64,
             t.processes_registered,
             t.build_time.as_millis(),
-            c.frames_from_tables,
-            c.signal_frames,
-            c.frames_unsupported_cfi,
+            c[Counter::FramesFromTables],
+            c[Counter::SignalFrames],
+            c[Counter::FramesUnsupportedCfi],
         );
     }
     let without = t.objects_no_unwind_info + t.objects_unreadable;
@@ -375,6 +402,16 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
              {} unreadable, {} did not fit in --unwind-table-mib, {} evicted",
             t.objects_no_unwind_info, t.objects_unreadable, t.tables_dropped, t.tables_evicted
         );
+    }
+    // Every counter the lines above do not explain, so that a new one is
+    // reported as soon as profiler-common declares it.
+    let others: Vec<String> = c
+        .iter()
+        .filter(|(counter, value)| *value > 0 && !EXPLAINED.contains(counter))
+        .map(|(counter, value)| format!("{} {value}", counter.name()))
+        .collect();
+    if !others.is_empty() {
+        eprintln!("  other kernel counters: {}", others.join(", "));
     }
     for problem in symbolizer.problems.iter().take(10) {
         eprintln!("  unsymbolized: {problem}");

@@ -20,7 +20,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::{Ebpf, EbpfLoader};
-use profiler_common::{Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
+use profiler_common::{COUNTER_SLOTS, Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
 
 use self::reader::RecordReader;
 use crate::tables::{TableStore, UnwindArrays, UnwindTables};
@@ -57,82 +57,39 @@ pub struct SamplingConfig {
 /// of hundreds of typical objects (libc: 0.2 MiB; see BENCHMARKS.md).
 pub const DEFAULT_UNWIND_TABLE_BYTES: u64 = 64 << 20;
 
-/// Totals of the in-kernel counters, summed over CPUs.
+/// Totals of the in-kernel counters, summed over CPUs, by `Counter`
+/// (`kernel[Counter::Sent]`): every counter profiler-common declares.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KernelCounters {
-    pub fired: u64,
-    pub idle: u64,
-    pub filtered_out: u64,
-    pub sent: u64,
-    pub ring_buffer_full: u64,
-    pub user_stack_failed: u64,
-    pub kernel_stack_failed: u64,
-    pub user_stack_truncated: u64,
-    pub frames_from_tables: u64,
-    pub frames_unsupported_cfi: u64,
-    pub signal_frames: u64,
-    pub off_cpu_switches: u64,
-    pub off_cpu_short: u64,
-    pub off_cpu_unsampled: u64,
-    pub off_cpu_sent: u64,
-    pub off_cpu_lost: u64,
-    pub off_cpu_ring_buffer_full: u64,
-    pub go_labels_read: u64,
-    pub go_labels_cut: u64,
+pub struct KernelCounters([u64; COUNTER_SLOTS as usize]);
+
+impl std::ops::Index<Counter> for KernelCounters {
+    type Output = u64;
+    fn index(&self, counter: Counter) -> &u64 {
+        &self.0[counter as usize]
+    }
 }
 
-/// Field by field: totals carried over sampler restarts.
+impl std::ops::IndexMut<Counter> for KernelCounters {
+    fn index_mut(&mut self, counter: Counter) -> &mut u64 {
+        &mut self.0[counter as usize]
+    }
+}
+
+/// Slot by slot: totals carried over sampler restarts.
 impl std::ops::Add for KernelCounters {
     type Output = KernelCounters;
-    fn add(self, b: KernelCounters) -> KernelCounters {
-        KernelCounters {
-            fired: self.fired + b.fired,
-            idle: self.idle + b.idle,
-            filtered_out: self.filtered_out + b.filtered_out,
-            sent: self.sent + b.sent,
-            ring_buffer_full: self.ring_buffer_full + b.ring_buffer_full,
-            user_stack_failed: self.user_stack_failed + b.user_stack_failed,
-            kernel_stack_failed: self.kernel_stack_failed + b.kernel_stack_failed,
-            user_stack_truncated: self.user_stack_truncated + b.user_stack_truncated,
-            frames_from_tables: self.frames_from_tables + b.frames_from_tables,
-            frames_unsupported_cfi: self.frames_unsupported_cfi + b.frames_unsupported_cfi,
-            signal_frames: self.signal_frames + b.signal_frames,
-            off_cpu_switches: self.off_cpu_switches + b.off_cpu_switches,
-            off_cpu_short: self.off_cpu_short + b.off_cpu_short,
-            off_cpu_unsampled: self.off_cpu_unsampled + b.off_cpu_unsampled,
-            off_cpu_sent: self.off_cpu_sent + b.off_cpu_sent,
-            off_cpu_lost: self.off_cpu_lost + b.off_cpu_lost,
-            off_cpu_ring_buffer_full: self.off_cpu_ring_buffer_full + b.off_cpu_ring_buffer_full,
-            go_labels_read: self.go_labels_read + b.go_labels_read,
-            go_labels_cut: self.go_labels_cut + b.go_labels_cut,
+    fn add(mut self, b: KernelCounters) -> KernelCounters {
+        for (a, b) in self.0.iter_mut().zip(b.0) {
+            *a += b;
         }
+        self
     }
 }
 
 impl KernelCounters {
-    fn set(&mut self, counter: Counter, value: u64) {
-        let slot = match counter {
-            Counter::Fired => &mut self.fired,
-            Counter::Idle => &mut self.idle,
-            Counter::FilteredOut => &mut self.filtered_out,
-            Counter::Sent => &mut self.sent,
-            Counter::RingBufferFull => &mut self.ring_buffer_full,
-            Counter::UserStackFailed => &mut self.user_stack_failed,
-            Counter::KernelStackFailed => &mut self.kernel_stack_failed,
-            Counter::UserStackTruncated => &mut self.user_stack_truncated,
-            Counter::FramesFromTables => &mut self.frames_from_tables,
-            Counter::FramesUnsupportedCfi => &mut self.frames_unsupported_cfi,
-            Counter::SignalFrames => &mut self.signal_frames,
-            Counter::OffCpuSwitches => &mut self.off_cpu_switches,
-            Counter::OffCpuShort => &mut self.off_cpu_short,
-            Counter::OffCpuUnsampled => &mut self.off_cpu_unsampled,
-            Counter::OffCpuSent => &mut self.off_cpu_sent,
-            Counter::OffCpuLost => &mut self.off_cpu_lost,
-            Counter::OffCpuRingBufferFull => &mut self.off_cpu_ring_buffer_full,
-            Counter::GoLabelsRead => &mut self.go_labels_read,
-            Counter::GoLabelsCut => &mut self.go_labels_cut,
-        };
-        *slot = value;
+    /// Every counter with its total, in declaration order.
+    pub fn iter(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
+        Counter::ALL.iter().map(|&c| (c, self[c]))
     }
 }
 
@@ -321,13 +278,12 @@ impl Sampler {
     /// Reads the in-kernel counters, summed over CPUs.
     pub fn counters(&self) -> KernelCounters {
         let mut totals = KernelCounters::default();
-        for counter in Counter::ALL {
-            let value = self
+        for &counter in Counter::ALL {
+            totals[counter] = self
                 .counters
                 .get(&(counter as u32), 0)
                 .map(|per_cpu| per_cpu.iter().sum())
                 .unwrap_or(0);
-            totals.set(counter, value);
         }
         totals
     }
