@@ -154,6 +154,10 @@ pub const SAMPLE_FLAG_KERNEL_STACK_FAILED: u16 = 1 << 2;
 /// mapped since it last read the process's maps): the sample woke the
 /// agent at once.
 pub const SAMPLE_FLAG_UNKNOWN_MAPPING: u16 = 1 << 3;
+/// The walker met a CPython eval loop in a thread whose thread state user
+/// space has not told it (a thread started since it last looked): its
+/// Python frames stayed native, and user space should look again.
+pub const SAMPLE_FLAG_PY_THREAD_UNKNOWN: u16 = 1 << 5;
 /// The sample caught a goroutine of a Go process: a `runtimes::go::GoLabels`
 /// block follows the frames (`Sample::go_labels`).
 pub const SAMPLE_FLAG_GO_LABELS: u16 = 1 << 4;
@@ -257,6 +261,15 @@ counters! {
     /// Of those, samples whose labels were cut: more than
     /// `runtimes::go::MAX_GO_LABELS`, or a key or value longer than kept.
     GoLabelsCut = 18, "go_labels_cut", "profiler_agent_kernel_go_labels_cut_total";
+    /// Python frames written into stacks (interpreter frames of CPython
+    /// eval loops).
+    PythonFrames = 19, "python_frames", "profiler_agent_kernel_python_frames_total";
+    /// Samples whose stack met a CPython eval loop in a thread user space
+    /// had not registered yet: its Python frames stayed native.
+    PythonThreadUnknown = 20, "python_thread_unknown", "profiler_agent_kernel_python_thread_unknown_total";
+    /// Samples whose Python frames were cut: a frame could not be read, or
+    /// the chain was deeper than `runtimes::python::MAX_PY_FRAMES`.
+    PythonCut = 21, "python_cut", "profiler_agent_kernel_python_cut_total";
 }
 
 /// Number of `Counter` slots.
@@ -288,6 +301,10 @@ mod pod {
     unsafe impl aya::Pod for super::unwind::ProcessUnwind {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::runtimes::go::GoProcess {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::runtimes::python::PyProcess {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::runtimes::python::PyThread {}
     // SAFETY: as above (latency types: integers and byte arrays).
     unsafe impl aya::Pod for super::latency::LatencyConfig {}
     // SAFETY: as above.

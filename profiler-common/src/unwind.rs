@@ -134,6 +134,11 @@ pub const RULE_FLAG_FP_FROM_FP: u8 = 1 << 1;
 /// (a CFA in another register or an expression); the frame pointer is the
 /// fallback, and the walker counts it.
 pub const RULE_FLAG_UNSUPPORTED: u8 = 1 << 2;
+/// The code is an interpreter's eval loop (CPython's
+/// `_PyEval_EvalFrameDefault`): the walker writes the interpreter's frames
+/// of this activation in place of its native frame (see
+/// `runtimes::python`), then unwinds it by the rest of the rule.
+pub const RULE_FLAG_INTERPRETER: u8 = 1 << 3;
 
 /// A mapping of a process whose object has a table.
 #[repr(C)]

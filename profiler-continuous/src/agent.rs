@@ -104,6 +104,7 @@ impl Symbols<'_> {
                 window.stacks.iter(),
                 &recording.processes,
                 &mut recording.symbolizer,
+                &mut recording.runtime_frames,
                 &window.profile,
             ),
         }
@@ -200,6 +201,7 @@ impl Agent {
                     wall: false,
                 }),
             go_labels: config.go_labels.config(),
+            python: config.python,
         };
         let recorder = Recorder::start(&sampling)?;
         let (pull_tx, pull_requests) = std::sync::mpsc::channel();

@@ -100,6 +100,9 @@ pub struct Config {
     pub kubernetes: KubernetesConfig,
     pub debuginfod: DebuginfodSection,
     pub go_labels: GoLabelsSection,
+    /// Python frames (function, file, line) in the stacks of CPython
+    /// processes, interleaved with their native frames.
+    pub python: bool,
     /// Who may use the listener (see `export::auth`).
     pub auth: profiler_export::auth::AuthConfig,
     /// Probes whose latency histograms `/metrics` exports (`[[probes]]`;
@@ -223,6 +226,7 @@ impl Default for Config {
             kubernetes: KubernetesConfig::default(),
             debuginfod: DebuginfodSection::default(),
             go_labels: GoLabelsSection::default(),
+            python: true,
             auth: Default::default(),
             probes: Vec::new(),
         }

@@ -102,6 +102,29 @@ compile_error!(
 
 pub use layout::{SIGNAL_FP, SIGNAL_LR, SIGNAL_PC, SIGNAL_SP, USER_LIMIT};
 
+/// Where `task_struct.thread`'s thread pointer is (x86_64:
+/// `thread.fsbase`), from the kernel's BTF; 0 when unknown. Set by the
+/// loader; the runtimes read what a thread keeps at its thread pointer
+/// (Go's g, and 3.10 CPython's thread identity, `pthread_self()`).
+#[unsafe(no_mangle)]
+static TASK_THREAD_POINTER_OFFSET: u32 = 0;
+
+/// The current task's user thread pointer (its FS base on x86_64); None
+/// when the loader could not tell where the kernel keeps it.
+#[inline(always)]
+pub fn thread_pointer() -> Option<u64> {
+    // SAFETY: a read-only global the loader initialised.
+    let offset = unsafe { core::ptr::read_volatile(&TASK_THREAD_POINTER_OFFSET) };
+    if offset == 0 {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_kernel checks the address.
+    unsafe {
+        let task = bpf_get_current_task_btf() as *const u8;
+        bpf_probe_read_kernel(task.add(offset as usize).cast::<u64>()).ok()
+    }
+}
+
 /// A code address as read from the stack or a register, without
 /// pointer-authentication bits.
 #[inline(always)]

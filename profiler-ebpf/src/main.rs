@@ -36,7 +36,8 @@ use aya_ebpf::{
 use profiler_common::{
     COUNTER_SLOTS, Counter, MAX_PID_FILTER, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, RING_BUFFER_BYTES,
     SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED,
-    SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_CPU, Sample, runtimes::go::GoLabels,
+    SAMPLE_FLAG_PY_THREAD_UNKNOWN, SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_CPU, Sample,
+    runtimes::go::GoLabels,
 };
 
 /// Set by the loader: non-zero means "only pids in `PID_FILTER`". A
@@ -130,6 +131,9 @@ fn record_sample(ctx: &PerfEventContext) {
         let (user_frames, user_end) = (walk.frames, walk.end);
         if walk.unknown_leaf {
             flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
+        }
+        if walk.python_thread_unknown {
+            flags |= SAMPLE_FLAG_PY_THREAD_UNKNOWN;
         }
 
         let frames = ((kernel_frames + user_frames) as usize).min(MAX_SAMPLE_FRAMES);

@@ -20,10 +20,10 @@ use aya_ebpf::{
 use profiler_common::unwind::{
     DEFAULT_UNWIND_ROW_BLOCKS, FRAME_EXACT_PC, MAX_PROCESS_UNWIND_MAPPINGS, MAX_UNWIND_MAPPINGS,
     MAX_UNWIND_PAGES, MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind, RULE_CFA_DEREF_FP,
-    RULE_CFA_FP, RULE_CFA_SP, RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_UNSUPPORTED,
-    RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_PLT, RULE_ROOT, RULE_SIGNAL,
-    RULE_STOP, UNWIND_PAGE_SHIFT, UNWIND_ROWS_PER_BLOCK, UnwindMapping, UnwindPage, UnwindRowBlock,
-    UnwindRule, UserStackEnd,
+    RULE_CFA_FP, RULE_CFA_SP, RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_INTERPRETER,
+    RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_PLT,
+    RULE_ROOT, RULE_SIGNAL, RULE_STOP, UNWIND_PAGE_SHIFT, UNWIND_ROWS_PER_BLOCK, UnwindMapping,
+    UnwindPage, UnwindRowBlock, UnwindRule, UserStackEnd,
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
@@ -86,6 +86,9 @@ pub struct Walk {
     /// The leaf PC was in no mapping registered for the process: its maps
     /// changed (see `SAMPLE_FLAG_UNKNOWN_MAPPING`).
     pub unknown_leaf: bool,
+    /// A CPython eval loop was met in a thread user space has not
+    /// registered (see `SAMPLE_FLAG_PY_THREAD_UNKNOWN`).
+    pub python_thread_unknown: bool,
 }
 
 /// Walks the current task's user stack into `sample.frames`, after the
@@ -105,6 +108,7 @@ pub fn walk_user_stack(
         frames: 0,
         end: UserStackEnd::None,
         unknown_leaf: false,
+        python_thread_unknown: false,
     };
     // A kernel thread has no user registers worth walking.
     if regs.pc == 0 || regs.pc >= machine::USER_LIMIT {
@@ -131,6 +135,10 @@ pub fn walk_user_stack(
         words::set(&raw mut (*state).exact_pc, 0);
         words::set(&raw mut (*state).leaf_in_system_call, in_system_call as u32);
         words::set(&raw mut (*state).unknown_leaf, 0);
+        words::set(&raw mut (*state).py_state, runtimes::python::PY_UNSTARTED);
+        words::set(&raw mut (*state).py_pending, 0);
+        words::set(&raw mut (*state).py_unknown_thread, 0);
+        words::set(&raw mut (*state).py_end, 0);
         if let Some(process) = UNWIND_PROCESSES.get(&pid) {
             (*state).first_mapping = process.first_mapping;
             (*state).mapping_count = process.mapping_count;
@@ -156,6 +164,7 @@ pub fn walk_user_stack(
             frames: (*state).frames,
             end,
             unknown_leaf: (*state).unknown_leaf != 0,
+            python_thread_unknown: (*state).py_unknown_thread != 0,
         }
     }
 }
@@ -173,6 +182,18 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         let context = &*(context as *const StepContext);
         (&mut *context.state, &mut *context.sample)
     };
+    // An eval loop activation's Python frames, one per iteration, before
+    // its native caller is recorded (`runtimes::python`).
+    if state.py_pending != 0 {
+        if !runtimes::python::step(state, sample) {
+            return STOP; // no room left: end stays Truncated
+        }
+        if state.py_pending == 0 && state.py_end != 0 {
+            state.end = state.py_end;
+            return STOP;
+        }
+        return CONTINUE;
+    }
     let n = state.frames;
     // 64-bit arithmetic and one bounds check on the very value used as the
     // index: the verifier must see the write stay inside the sample.
@@ -201,6 +222,12 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     let (rule, mapped) = find_rule(state, lookup);
     if n == 0 && !mapped && state.mapping_count > 0 {
         state.unknown_leaf = 1;
+    }
+    // An interpreter's eval loop: its Python frames take the place of its
+    // native frame (written by the next iterations), and it is unwound
+    // natively by the rest of its rule.
+    if rule.flags & RULE_FLAG_INTERPRETER != 0 && runtimes::python::enter(state) {
+        state.frames = n;
     }
     let stepped = match rule.kind {
         RULE_FRAME_POINTER => {
@@ -241,18 +268,21 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         // RULE_STOP, and a kind this walker does not know.
         RULE_STOP | _ => Ok(Step::End(UserStackEnd::TableStop)),
     };
-    match stepped {
-        Ok(Step::Next) => CONTINUE,
-        Ok(Step::End(end)) => {
-            state.end = end as u32;
-            STOP
-        }
+    let end = match stepped {
+        Ok(Step::Next) => return CONTINUE,
+        Ok(Step::End(end)) => end as u32,
         Err(()) => {
-            state.end = UserStackEnd::ReadFault as u32;
             bump(Counter::UserStackFailed);
-            STOP
+            UserStackEnd::ReadFault as u32
         }
+    };
+    if state.py_pending != 0 {
+        // The walk ends here, after this activation's Python frames.
+        state.py_end = end;
+        return CONTINUE;
     }
+    state.end = end;
+    STOP
 }
 
 /// Caller by frame-pointer record.

@@ -3,6 +3,7 @@
 //! (`runtimes::*`) read and move the same state.
 
 use aya_ebpf::helpers::bpf_probe_read_user;
+use profiler_common::runtimes::python::PyProcess;
 use profiler_common::unwind::{UnwindMapping, UserStackEnd};
 
 use crate::machine;
@@ -39,6 +40,26 @@ pub(crate) struct WalkState {
     /// The leaf PC is in no mapping user space registered for this
     /// process (code mapped since: dlopen, a JIT).
     pub(crate) unknown_leaf: u32,
+    /// CPython (`runtimes::python`): `PY_UNSTARTED`, `PY_STARTED`,
+    /// `PY_OFF`.
+    pub(crate) py_state: u32,
+    /// An eval loop activation's Python frames are being written.
+    pub(crate) py_pending: u32,
+    /// Python frames written so far.
+    pub(crate) py_frames: u32,
+    /// The thread's thread state was not known (see
+    /// `SAMPLE_FLAG_PY_THREAD_UNKNOWN`).
+    pub(crate) py_unknown_thread: u32,
+    /// The walk's end (a `UserStackEnd`), once the pending Python frames
+    /// are written; 0 while it goes on.
+    pub(crate) py_end: u32,
+    pub(crate) _py_pad: u32,
+    /// The next Python frame to write.
+    pub(crate) py_frame: u64,
+    /// The process's layout, copied once per walk.
+    pub(crate) py: PyProcess,
+    /// The frame being read.
+    pub(crate) py_window: [u8; crate::runtimes::python::WINDOW_BYTES],
 }
 
 pub(crate) enum Step {

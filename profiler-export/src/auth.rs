@@ -17,7 +17,7 @@
 //! certificate counts as one). `/healthz` and `/readyz` stay open: the
 //! kubelet probes them, and they reveal nothing. With nothing configured,
 //! everything is open (the listener then should be on loopback, or behind a
-//! NetworkPolicy: README, Security).
+//! NetworkPolicy: docs/security.md).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

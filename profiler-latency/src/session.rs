@@ -32,6 +32,10 @@ const STACK_MAPS: [&str; 7] = [
     "STACK_TOTALS",
 ];
 
+/// The CPython walker's maps, compiled into this object with the walker
+/// but never written: one entry each.
+const UNUSED_MAPS: [&str; 2] = ["PY_PROCESSES", "PY_THREADS"];
+
 fn uprobe_program<'a>(
     ebpf: &'a mut Ebpf,
     name: &'static str,
@@ -206,6 +210,9 @@ impl Session {
             }
         } else {
             loader.map_max_entries("UNWIND_ROWS", row_blocks);
+        }
+        for name in UNUSED_MAPS {
+            loader.map_max_entries(name, 1);
         }
         let mut ebpf = loader
             .load(profiler_bpf::LATENCY_OBJECT)

@@ -230,7 +230,16 @@ impl ProbeStacks {
         stacks: &HashMap<StackKey, StackCounts>,
         window: &ProfileWindow,
     ) -> Profile {
-        build_profile_of(stacks.iter(), &self.processes, &mut self.symbolizer, window)
+        // No Python process is registered with the probes' walker: its
+        // stacks hold native frames only.
+        let mut runtime_frames = profiler_runtimes::RuntimeFrames::default();
+        build_profile_of(
+            stacks.iter(),
+            &self.processes,
+            &mut self.symbolizer,
+            &mut runtime_frames,
+            window,
+        )
     }
 
     /// Every stored stack's user frames.

@@ -18,8 +18,7 @@
 //! Measuring at probes (latency histograms, traces, the circuit breaker)
 //! is the `latency` module beside this one.
 //!
-//! The README's "Probes" and "Latency histograms" sections say what is
-//! supported and how it was checked.
+//! docs/probes.md says what is supported and how it was checked.
 
 pub mod args;
 pub mod attach;

@@ -81,7 +81,7 @@ pub struct Function {
     pub file: String,
 }
 
-/// One physical program counter.
+/// One physical program counter (or one frame of an interpreter).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Location {
     pub address: u64,
@@ -89,8 +89,41 @@ pub struct Location {
     pub mapping: Option<usize>,
     /// Innermost first: inlined frames, then the function holding the code.
     pub lines: Vec<Line>,
-    /// Kernel code (drawn with a `_[k]` suffix in folded stacks).
-    pub kernel: bool,
+    /// What the frame is: kernel code is drawn with a `_[k]` suffix in
+    /// folded stacks; OTLP says it in `profile.frame.type`.
+    pub frame_type: FrameType,
+}
+
+/// What kind of frame a location is, by what named it: the values of the
+/// OpenTelemetry semantic conventions' `profile.frame.type`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum FrameType {
+    #[default]
+    Native,
+    Kernel,
+    /// Go code, named by its pclntab.
+    Go,
+    /// A Python frame (a CPython code object).
+    CPython,
+    /// A Java frame (HotSpot).
+    Jvm,
+}
+
+impl FrameType {
+    /// Its `profile.frame.type` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrameType::Native => "native",
+            FrameType::Kernel => "kernel",
+            FrameType::Go => "go",
+            FrameType::CPython => "cpython",
+            FrameType::Jvm => "jvm",
+        }
+    }
+
+    pub fn is_kernel(self) -> bool {
+        self == FrameType::Kernel
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -165,7 +198,10 @@ impl Profile {
         for &index in sample.locations.iter().rev() {
             let location = &self.locations[index];
             for line in location.lines.iter().rev() {
-                names.push((self.functions[line.function].name.as_str(), location.kernel));
+                names.push((
+                    self.functions[line.function].name.as_str(),
+                    location.frame_type.is_kernel(),
+                ));
             }
         }
         names

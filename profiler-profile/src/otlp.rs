@@ -128,8 +128,8 @@ impl<K: Eq + Hash, V: Default> Table<K, V> {
 }
 
 /// A location's identity: mapping, address, (function, line) per frame,
-/// kernel or not.
-type LocationKey = (i32, u64, Vec<(i32, i64)>, bool);
+/// and its frame type's attribute.
+type LocationKey = (i32, u64, Vec<(i32, i64)>, i32);
 
 /// Builds the dictionary while profiles are converted.
 struct Builder {
@@ -237,8 +237,7 @@ impl Builder {
                 })
             })
             .collect();
-        let kernel_frame = self.string_attribute(FRAME_TYPE, "kernel");
-        let native_frame = self.string_attribute(FRAME_TYPE, "native");
+
         let locations: Vec<i32> = profile
             .locations
             .iter()
@@ -249,7 +248,8 @@ impl Builder {
                     .iter()
                     .map(|line| (functions[line.function], i64::from(line.line)))
                     .collect();
-                let key = (mapping, l.address, lines.clone(), l.kernel);
+                let frame_type = self.string_attribute(FRAME_TYPE, l.frame_type.as_str());
+                let key = (mapping, l.address, lines.clone(), frame_type);
                 self.locations.intern(key, || otlp::Location {
                     mapping_index: mapping,
                     address: l.address,
@@ -262,7 +262,7 @@ impl Builder {
                             column: 0,
                         })
                         .collect(),
-                    attribute_indices: vec![if l.kernel { kernel_frame } else { native_frame }],
+                    attribute_indices: vec![frame_type],
                 })
             })
             .collect();
@@ -457,7 +457,7 @@ mod tests {
                         function: 0,
                         line: 3,
                     }],
-                    kernel: false,
+                    frame_type: crate::FrameType::Native,
                 },
                 Location {
                     address: 0x1200,
@@ -473,7 +473,7 @@ mod tests {
                             line: 4,
                         },
                     ],
-                    kernel: false,
+                    frame_type: crate::FrameType::Native,
                 },
                 Location {
                     address: 0xffff_ffff_8100_0000,
@@ -482,7 +482,7 @@ mod tests {
                         function: 2,
                         line: 0,
                     }],
-                    kernel: true,
+                    frame_type: crate::FrameType::Kernel,
                 },
             ],
             samples: vec![

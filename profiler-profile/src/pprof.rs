@@ -256,7 +256,7 @@ mod tests {
                         function: 1,
                         line: 7,
                     }],
-                    kernel: false,
+                    frame_type: crate::FrameType::Native,
                 },
                 Location {
                     address: 0x402000,
@@ -265,7 +265,7 @@ mod tests {
                         function: 0,
                         line: 20,
                     }],
-                    kernel: false,
+                    frame_type: crate::FrameType::Native,
                 },
             ],
             samples: vec![Sample {

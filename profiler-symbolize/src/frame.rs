@@ -46,6 +46,8 @@ pub enum NameSource {
     PerfMap,
     /// The vDSO image's own symbols.
     Vdso,
+    /// A CPython code object, read from the process (a Python frame).
+    CPython,
 }
 
 impl NameSource {
@@ -62,6 +64,7 @@ impl NameSource {
             NameSource::Kallsyms => "kallsyms",
             NameSource::PerfMap => "perf-map",
             NameSource::Vdso => "vdso",
+            NameSource::CPython => "cpython",
         }
     }
 }

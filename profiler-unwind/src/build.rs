@@ -17,9 +17,10 @@ pub trait RuntimeRows: Send + Sync {
     fn name(&self) -> &'static str;
 
     /// Rows for the runtime's code in `file` (read in place in `map` when
-    /// the file was memory-mapped), with the range [start, end) of object
-    /// addresses they cover; None when the object is not this runtime's.
-    /// `cfi` is the object's CFI table, when it has one.
+    /// the file was memory-mapped), with the ranges of object addresses
+    /// they cover; None when the object is not this runtime's. `cfi` is
+    /// the object's CFI table, when it has one (a runtime may mark its
+    /// rows rather than replace them: CPython's eval loop).
     fn rows(
         &self,
         file: &object::File<'_>,
@@ -28,12 +29,12 @@ pub trait RuntimeRows: Send + Sync {
     ) -> Option<RuntimeTable>;
 }
 
-/// A runtime's rows, and the object addresses they cover.
+/// A runtime's rows, and the object addresses they cover: each range
+/// [start, end) takes the table's rows instead of the CFI's.
 #[derive(Debug, Clone)]
 pub struct RuntimeTable {
     pub table: ObjectTable,
-    pub start: u64,
-    pub end: u64,
+    pub ranges: Vec<(u64, u64)>,
     /// What the table says it came from (`TableSource::GoPcsp`).
     pub source: TableSource,
 }
@@ -51,6 +52,8 @@ pub enum TableSource {
     GoPcsp,
     /// A runtime's rows over its code, CFI over the rest (cgo binaries).
     GoPcspAndCfi,
+    /// CFI, with CPython's eval loop marked (`RULE_FLAG_INTERPRETER`).
+    CfiWithInterpreter,
 }
 
 /// A built table and what went into it.
@@ -140,7 +143,9 @@ fn build_unguarded(
     }
     let (table, source, stats) = match (runtime, cfi) {
         (Some(runtime), Some((cfi, stats, _))) => (
-            cfi.overlay(&runtime.table, runtime.start, runtime.end),
+            runtime.ranges.iter().fold(cfi, |table, &(start, end)| {
+                table.overlay(&runtime.table, start, end)
+            }),
             match runtime.source {
                 TableSource::GoPcsp => TableSource::GoPcspAndCfi,
                 other => other,

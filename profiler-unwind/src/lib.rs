@@ -56,18 +56,50 @@ pub fn kernel_frames(pcs: &[u64]) -> impl Iterator<Item = RawFrame> + '_ {
     })
 }
 
-/// Frames of a leaf-first user stack, as the BPF walker wrote it: callers
-/// are return addresses, except those the walker marked exact
+/// Native frames of a leaf-first user stack, as the BPF walker wrote it:
+/// callers are return addresses, except those the walker marked exact
 /// (`FRAME_EXACT_PC`: signal trampolines and the PCs signals interrupted).
-pub fn frames(pcs: &[u64]) -> impl Iterator<Item = RawFrame> + '_ {
+/// Runtime frames are left out (see `user_frames`).
+pub fn frames(words: &[u64]) -> impl Iterator<Item = RawFrame> + '_ {
+    user_frames(words).filter_map(|frame| match frame {
+        UserFrame::Native(frame) => Some(frame),
+        UserFrame::Runtime { .. } => None,
+    })
+}
+
+/// One frame of a user stack: native code, or a runtime's frame (an
+/// interpreter's, two words the runtime's symbolizer reads; see
+/// `profiler_common::runtimes::python::RUNTIME_FRAME`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserFrame {
+    Native(RawFrame),
+    Runtime { first: u64, second: u64 },
+}
+
+/// Every frame of a leaf-first user stack, native and runtime frames in
+/// the order the walker wrote them. Only the first frame is the
+/// interrupted PC; a native frame after a runtime frame is a return
+/// address (the runtime's frames stood for a native frame the walker
+/// unwound).
+pub fn user_frames(words: &[u64]) -> impl Iterator<Item = UserFrame> + '_ {
+    use profiler_common::runtimes::python::RUNTIME_FRAME;
     use profiler_common::unwind::FRAME_EXACT_PC;
-    pcs.iter().enumerate().map(|(depth, &raw)| {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let raw = *words.get(at)?;
+        let depth = at;
+        if raw & RUNTIME_FRAME != 0 && raw & FRAME_EXACT_PC == 0 {
+            let second = words.get(at + 1).copied().unwrap_or(0);
+            at += 2;
+            return Some(UserFrame::Runtime { first: raw, second });
+        }
+        at += 1;
         let pc = raw & !FRAME_EXACT_PC;
         let exact = depth == 0 || raw & FRAME_EXACT_PC != 0;
-        RawFrame {
+        Some(UserFrame::Native(RawFrame {
             pc,
             lookup_pc: if exact { pc } else { call_site(pc) },
-        }
+        }))
     })
 }
 
@@ -88,6 +120,34 @@ mod tests {
         assert_eq!((frames[1].pc, frames[1].lookup_pc), (0x2005, 0x2005));
         assert_eq!((frames[2].pc, frames[2].lookup_pc), (0x3010, 0x3010));
         assert!(frames[3].lookup_pc < 0x4000);
+    }
+
+    #[test]
+    fn runtime_frames_take_two_words_and_make_the_next_native_frame_a_caller() {
+        use profiler_common::runtimes::python::PY_FRAME_TAG;
+        let words = [
+            PY_FRAME_TAG | 0x7000,
+            0x7100,
+            0x2005,
+            PY_FRAME_TAG | 0x8000,
+            0x8100,
+            0x3010,
+        ];
+        let frames: Vec<_> = user_frames(&words).collect();
+        assert_eq!(frames.len(), 4);
+        assert_eq!(
+            frames[0],
+            UserFrame::Runtime {
+                first: PY_FRAME_TAG | 0x7000,
+                second: 0x7100
+            }
+        );
+        let UserFrame::Native(caller) = frames[1] else {
+            panic!("{frames:?}");
+        };
+        assert_eq!(caller.pc, 0x2005);
+        assert!(caller.lookup_pc < 0x2005, "a return address, not the leaf");
+        assert_eq!(super::frames(&words).count(), 2);
     }
 
     #[test]

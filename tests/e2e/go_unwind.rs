@@ -170,7 +170,7 @@ fn go_signal_handlers_unwind_into_the_interrupted_goroutine() {
                 .iter()
                 .position(|(name, _)| name.starts_with("runtime.sigreturn"));
             let interrupted = restorer.and_then(|i| Some((i + 1, stack.frames.get(i + 1)?)));
-            // A root, or where the tables stop on purpose (README, Status):
+            // A root, or where the tables stop on purpose (docs/testing.md, Status):
             // the scheduler's stack switch (runtime.mcall), stack growth
             // (runtime.morestack), or an interrupted runtime function that
             // had moved to the system stack (the vDSO calls nanotime1 and

@@ -132,6 +132,12 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_go_labels: bool,
 
+    /// Leave out Python frames. By default the stacks of CPython processes
+    /// (3.10 to 3.14) show each Python function with its file and line,
+    /// between the native frames that called it and those it called.
+    #[arg(long)]
+    pub no_python: bool,
+
     /// Keep only these Go label keys (comma-separated, `*` globs).
     #[arg(
         long,

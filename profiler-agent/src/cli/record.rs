@@ -43,6 +43,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         unwind_table_bytes: args.unwind_table_mib << 20,
         off_cpu: args.off_cpu_config(),
         go_labels: args.go_labels_config(),
+        python: !args.no_python,
     };
     args.debuginfod.configure();
     let mut recorder = Recorder::start(&config)?;
@@ -254,6 +255,9 @@ const EXPLAINED: &[Counter] = &[
     Counter::OffCpuSent,
     Counter::GoLabelsRead,
     Counter::GoLabelsCut,
+    Counter::PythonFrames,
+    Counter::PythonThreadUnknown,
+    Counter::PythonCut,
     Counter::FramesFromTables,
     Counter::SignalFrames,
     Counter::FramesUnsupportedCfi,
@@ -360,7 +364,7 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
             s.jit_resolved
         );
     }
-    let g = &recording.go_label_stats;
+    let g = &recording.runtime_stats.go_labels;
     if g.processes > 0 || !g.unknown.is_empty() {
         eprintln!(
             "  Go labels: read in {} processes (layout from DWARF for {} binaries, from the Go \
@@ -377,6 +381,24 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
         );
         for why in &g.unknown {
             eprintln!("  no Go labels for {why}");
+        }
+    }
+    let p = &recording.runtime_stats.python;
+    if p.processes > 0 || !p.refused.is_empty() {
+        eprintln!(
+            "  Python: frames read in {} processes (layout from the interpreter's \
+             _Py_DebugOffsets for {}, from the checked version table for {}), {} threads; {} \
+             Python frames written, {} samples met a thread not yet registered, {} cut",
+            p.processes,
+            p.from_debug_offsets,
+            p.from_tables,
+            p.threads,
+            c[Counter::PythonFrames],
+            c[Counter::PythonThreadUnknown],
+            c[Counter::PythonCut],
+        );
+        for why in &p.refused {
+            eprintln!("  no Python frames for {why}");
         }
     }
     let t = &recording.unwind_tables;

@@ -194,6 +194,7 @@ fn source_name(source: TableSource) -> &'static str {
         TableSource::DebugFileFrame => ".debug_frame of the separate debug file",
         TableSource::GoPcsp => "Go pclntab (pcsp)",
         TableSource::GoPcspAndCfi => "Go pclntab (pcsp) and .eh_frame",
+        TableSource::CfiWithInterpreter => ".eh_frame, CPython's eval loop marked",
     }
 }
 

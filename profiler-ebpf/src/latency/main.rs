@@ -44,14 +44,19 @@ mod machine;
 #[path = "../unwind.rs"]
 #[allow(dead_code)]
 mod unwind;
-// The walker's steps through Go's stack switches (not its label reader),
-// where the walker looks for them.
+// The walker's steps through Go's stack switches (not its label reader)
+// and its CPython walker (with its maps, sized down to one entry: no
+// Python process is registered with this object), where the walker looks
+// for them.
 #[path = "../runtimes/go/stacks.rs"]
 mod go_stacks;
+#[path = "../runtimes/python.rs"]
+mod python_walker;
 mod runtimes {
     pub mod go {
         pub(crate) use crate::go_stacks as stacks;
     }
+    pub(crate) use crate::python_walker as python;
 }
 #[path = "../walk.rs"]
 mod walk;

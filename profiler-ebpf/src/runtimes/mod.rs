@@ -3,3 +3,4 @@
 //! `profiler_common::runtimes`).
 
 pub mod go;
+pub mod python;

@@ -127,8 +127,7 @@ impl RuntimeRows for Go {
         let (table, start, end) = unwind::rows_for(&symbols)?;
         Some(RuntimeTable {
             table,
-            start,
-            end,
+            ranges: vec![(start, end)],
             source: TableSource::GoPcsp,
         })
     }

@@ -20,8 +20,10 @@ use profiler_common::{SAMPLE_KIND_OFF_CPU, Sample};
 
 use crate::sampler::{KernelCounters, Sampler, SamplingConfig, SamplingError};
 use crate::tables::{UnwindTableStats, UnwindTables};
+use profiler_common::SAMPLE_FLAG_PY_THREAD_UNKNOWN;
 use profiler_profile::{Profile, ProfileKind};
-use profiler_runtimes::go::labels::{GoLabelRegistry, GoLabelStats, GoLabelsConfig};
+use profiler_runtimes::go::labels::GoLabelsConfig;
+use profiler_runtimes::{RuntimeFrames, RuntimeRegistry, RuntimeStats};
 use profiler_symbolize::Symbolizer;
 use profiler_symbolize::process::ProcessTable;
 
@@ -145,8 +147,12 @@ pub struct Recording {
     pub user_stack_ends: UserStackEnds,
     /// Which Go labels samples keep; None when they are not read.
     pub go_labels: Option<GoLabelsConfig>,
-    /// What reading them took (processes, layouts); filled by `finish`.
-    pub go_label_stats: GoLabelStats,
+    /// The runtime frames of the stacks (Python's), named as they were
+    /// first seen.
+    pub runtime_frames: RuntimeFrames,
+    /// What the runtimes' registries did (Go labels, Python processes);
+    /// filled by `finish`.
+    pub runtime_stats: RuntimeStats,
 }
 
 /// Samples by how their user stack walk ended.
@@ -205,8 +211,11 @@ pub struct Recorder {
     sampler: Sampler,
     /// None when unwind tables are switched off.
     tables: Option<UnwindTables>,
-    /// None when Go labels are not read.
-    go_labels: Option<GoLabelRegistry>,
+    /// The runtimes' registries (Go labels, CPython).
+    runtimes: RuntimeRegistry,
+    /// When each process last asked for its Python threads to be read
+    /// again (at most once a second each).
+    thread_refreshes: HashMap<u32, Instant>,
     recording: Recording,
     started: Instant,
     /// Processes sampled since the table loader was last told (it evicts
@@ -227,8 +236,8 @@ impl Recorder {
     pub fn start(config: &SamplingConfig) -> Result<Self, SamplingError> {
         let mut processes = ProcessTable::default();
         let symbolizer = profiler_runtimes::symbolizer();
-        let (mut sampler, tables) = Sampler::start(config, |tables, go_labels| {
-            if !config.unwind_tables && go_labels.is_none() {
+        let (mut sampler, tables) = Sampler::start(config, |tables, runtimes| {
+            if !config.unwind_tables && config.go_labels.is_none() {
                 return;
             }
             let pids = if config.pids.is_empty() {
@@ -241,33 +250,31 @@ impl Recorder {
             }
             // Before the perf events are attached: the first samples of
             // these processes already unwind with tables and carry labels
-            // (a Go binary's layout takes a while to read, seconds in a
-            // slow emulated guest).
+            // and Python frames (a Go binary's layout takes a while to
+            // read, seconds in a slow emulated guest).
             if config.unwind_tables {
                 for process in processes.iter() {
                     tables.register(process);
                 }
             }
-            if let Some(registry) = go_labels {
-                for process in processes.iter() {
-                    registry.register(process);
-                }
+            for process in processes.iter() {
+                runtimes.register(process);
             }
             if !config.pids.is_empty() {
                 if config.unwind_tables {
                     tables.flush();
                 }
-                if let Some(registry) = go_labels {
-                    registry.flush();
-                }
+                runtimes.flush();
             }
         })?;
-        let go_labels = sampler.take_go_labels();
+        let runtimes = sampler.take_runtimes();
+        let runtime_frames = runtimes.frames();
         Ok(Recorder {
             window_started: SystemTime::now(),
             sampler,
             tables: config.unwind_tables.then_some(tables),
-            go_labels,
+            runtimes,
+            thread_refreshes: HashMap::new(),
             recording: Recording {
                 stacks: HashMap::new(),
                 kind: ProfileWindow::kind_for(config),
@@ -283,7 +290,8 @@ impl Recorder {
                 queue_dropped: 0,
                 user_stack_ends: UserStackEnds::default(),
                 go_labels: config.go_labels.clone(),
-                go_label_stats: GoLabelStats::default(),
+                runtime_frames,
+                runtime_stats: RuntimeStats::default(),
             },
             started: Instant::now(),
             sampled: Default::default(),
@@ -296,7 +304,8 @@ impl Recorder {
     pub fn poll(&mut self, timeout: Duration) -> usize {
         let recording = &mut self.recording;
         let tables = &self.tables;
-        let go_labels = &self.go_labels;
+        let runtimes = &self.runtimes;
+        let refreshes = &mut self.thread_refreshes;
         let sampled = &mut self.sampled;
         let new_pids = &mut self.new_pids;
         let seen = &mut self.seen;
@@ -306,7 +315,16 @@ impl Recorder {
             if seen.insert(sample.pid) {
                 new_pids.push(sample.pid);
             }
-            aggregate(recording, tables, go_labels, sample)
+            if sample.flags & SAMPLE_FLAG_PY_THREAD_UNKNOWN != 0 {
+                let due = refreshes
+                    .get(&sample.pid)
+                    .is_none_or(|at| at.elapsed() >= Duration::from_secs(1));
+                if due {
+                    refreshes.insert(sample.pid, Instant::now());
+                    runtimes.refresh_threads(sample.pid);
+                }
+            }
+            aggregate(recording, tables, runtimes, sample)
         });
         // Debug files of new processes' stripped objects download while
         // sampling goes on.
@@ -376,6 +394,7 @@ impl Recorder {
             window.stacks.iter().filter(|(key, _)| keep(key)),
             &recording.processes,
             &mut recording.symbolizer,
+            &mut recording.runtime_frames,
             &window.profile,
         )
     }
@@ -433,11 +452,13 @@ impl Recorder {
         });
         self.seen.retain(|pid| !gone.contains(pid));
         let mapped = self.recording.processes.object_ids();
-        if let Some(registry) = &self.go_labels {
-            for &pid in &gone {
-                registry.unregister(pid);
-            }
+        for &pid in &gone {
+            self.runtimes.unregister(pid);
+            self.thread_refreshes.remove(&pid);
         }
+        self.recording
+            .runtime_frames
+            .retain(|pid| !gone.contains(&pid));
         if let Some(tables) = &self.tables {
             for pid in gone {
                 tables.unregister(pid);
@@ -462,9 +483,7 @@ impl Recorder {
             tables.flush();
             self.recording.unwind_tables = tables.stats();
         }
-        if let Some(registry) = &self.go_labels {
-            self.recording.go_label_stats = registry.stats();
-        }
+        self.recording.runtime_stats = self.runtimes.stats();
         self.recording
     }
 }
@@ -472,7 +491,7 @@ impl Recorder {
 fn aggregate(
     recording: &mut Recording,
     tables: &Option<UnwindTables>,
-    go_labels: &Option<GoLabelRegistry>,
+    runtimes: &RuntimeRegistry,
     sample: &Sample,
 ) {
     let user = sample.user_stack();
@@ -497,9 +516,7 @@ fn aggregate(
         if let Some(tables) = tables {
             tables.register(process);
         }
-        if let Some(registry) = go_labels {
-            registry.register(process);
-        }
+        runtimes.register(process);
     }
     let labels = match &recording.go_labels {
         Some(config) => profiler_runtimes::go::labels::labels_of(sample, config).into(),
@@ -513,7 +530,15 @@ fn aggregate(
         kernel: sample.kernel_stack().into(),
         labels,
     };
-    *recording.stacks.entry(key).or_default() += counts;
+    match recording.stacks.entry(key) {
+        std::collections::hash_map::Entry::Occupied(mut entry) => *entry.get_mut() += counts,
+        std::collections::hash_map::Entry::Vacant(entry) => {
+            // A new stack: name its runtime frames while the process
+            // lives (a profile may be built after it exited).
+            recording.runtime_frames.observe(sample.pid, user);
+            entry.insert(counts);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -3,9 +3,14 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use profiler_profile::{Function, Location, Mapping, Profile, ProfileBuilder, ProfileKind, Sample};
+use profiler_profile::{
+    FrameType, Function, Location, Mapping, Profile, ProfileBuilder, ProfileKind, Sample,
+};
+use profiler_runtimes::RuntimeFrames;
+use profiler_symbolize::NameSource;
 use profiler_symbolize::process::{Process, ProcessTable};
 use profiler_symbolize::{Symbolized, Symbolizer};
+use profiler_unwind::UserFrame;
 
 use super::{Recording, StackCounts, StackKey, wait};
 
@@ -13,8 +18,20 @@ use super::{Recording, StackCounts, StackKey, wait};
 /// return address, which changes what it is looked up as).
 #[derive(Hash, PartialEq, Eq)]
 enum LocationKey {
-    User { pid: u32, pc: u64, lookup_pc: u64 },
-    Kernel { lookup_pc: u64 },
+    User {
+        pid: u32,
+        pc: u64,
+        lookup_pc: u64,
+    },
+    Kernel {
+        lookup_pc: u64,
+    },
+    /// A runtime's frame (an interpreter's): its two words.
+    Runtime {
+        pid: u32,
+        first: u64,
+        second: u64,
+    },
 }
 
 /// Mappings are per process and runtime range; the kernel has one.
@@ -32,6 +49,7 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         stacks,
         processes,
         symbolizer,
+        runtime_frames,
         started,
         elapsed,
         frequency_hz,
@@ -44,7 +62,13 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         frequency_hz: *frequency_hz,
         kind: *kind,
     };
-    build_profile_of(stacks.iter(), processes, symbolizer, &window)
+    build_profile_of(
+        stacks.iter(),
+        processes,
+        symbolizer,
+        runtime_frames,
+        &window,
+    )
 }
 
 /// When and how fast the stacks of a profile were sampled, and what the
@@ -75,6 +99,7 @@ pub fn build_profile_of<'a>(
     stacks: impl Iterator<Item = (&'a StackKey, &'a StackCounts)>,
     processes: &ProcessTable,
     symbolizer: &mut Symbolizer,
+    runtime_frames: &mut RuntimeFrames,
     window: &ProfileWindow,
 ) -> Profile {
     let start_unix_ns = window
@@ -138,15 +163,20 @@ pub fn build_profile_of<'a>(
         let kernel: Vec<profiler_unwind::RawFrame> =
             profiler_unwind::kernel_frames(&key.kernel).collect();
         let mut user = Vec::with_capacity(key.user.len());
-        for frame in profiler_unwind::frames(&key.user) {
-            user.push(user_location(
-                &mut builder,
-                symbolizer,
-                &mut resolved,
-                key.pid,
-                process,
-                frame,
-            ));
+        for frame in profiler_unwind::user_frames(&key.user) {
+            user.push(match frame {
+                UserFrame::Native(frame) => user_location(
+                    &mut builder,
+                    symbolizer,
+                    &mut resolved,
+                    key.pid,
+                    process,
+                    frame,
+                ),
+                UserFrame::Runtime { first, second } => {
+                    runtime_location(&mut builder, runtime_frames, key.pid, first, second)
+                }
+            });
         }
         if window.kind == ProfileKind::Latency {
             // Operations at probe hits: their count and total latency.
@@ -248,7 +278,13 @@ fn kernel_location(
         if symbolized.resolved {
             builder.mapping_has_functions(mapping);
         }
-        location(builder, symbolized, frame.pc, Some(mapping), true)
+        location(
+            builder,
+            symbolized,
+            frame.pc,
+            Some(mapping),
+            FrameType::Kernel,
+        )
     })
 }
 
@@ -296,7 +332,41 @@ fn user_location(
             }
             index
         });
-        location(builder, symbolized, frame.pc, mapping, false)
+        // Go code is named by its pclntab: typed as Go's.
+        let frame_type = if symbolized
+            .frames
+            .iter()
+            .any(|f| f.source == NameSource::GoPclntab)
+        {
+            FrameType::Go
+        } else {
+            FrameType::Native
+        };
+        location(builder, symbolized, frame.pc, mapping, frame_type)
+    })
+}
+
+/// The location of a runtime's frame: a function with its file and line,
+/// no address, no mapping.
+fn runtime_location(
+    builder: &mut ProfileBuilder<LocationKey, MappingKey>,
+    runtime_frames: &mut RuntimeFrames,
+    pid: u32,
+    first: u64,
+    second: u64,
+) -> usize {
+    let key = LocationKey::Runtime { pid, first, second };
+    builder.location(key, |builder| {
+        let frame = runtime_frames.frame(pid, first, second);
+        let frame_type = match frame.source {
+            NameSource::CPython => FrameType::CPython,
+            _ => FrameType::Native,
+        };
+        let symbolized = Symbolized {
+            frames: vec![frame],
+            resolved: true,
+        };
+        location(builder, symbolized, 0, None, frame_type)
     })
 }
 
@@ -305,7 +375,7 @@ fn location(
     symbolized: Symbolized,
     address: u64,
     mapping: Option<usize>,
-    kernel: bool,
+    frame_type: FrameType,
 ) -> Location {
     let lines = symbolized
         .frames
@@ -325,6 +395,6 @@ fn location(
         address,
         mapping,
         lines,
-        kernel,
+        frame_type,
     }
 }

@@ -54,8 +54,8 @@ pub enum SamplingError {
     #[error("starting the unwind-table thread: {0}")]
     UnwindThread(std::io::Error),
 
-    #[error("starting the Go-labels thread: {0}")]
-    GoLabelsThread(std::io::Error),
+    #[error("the runtimes' walkers: {0}")]
+    Runtimes(#[from] profiler_runtimes::RuntimeError),
 
     #[error(
         "the embedded BPF object has no program {0} (a build problem: run `cargo xtask setup`)"

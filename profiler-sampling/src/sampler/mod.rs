@@ -25,7 +25,7 @@ use profiler_common::{COUNTER_SLOTS, Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER
 use self::reader::RecordReader;
 use crate::tables::{TableStore, UnwindArrays, UnwindTables};
 use profiler_bpf::loading::raise_memlock_limit;
-use profiler_runtimes::go::labels::GoLabelRegistry;
+use profiler_runtimes::{RuntimeRegistry, RuntimeSettings};
 
 /// Records waiting between the ring-buffer thread and the aggregation
 /// above this many bytes are dropped oldest first (see `reader`): at
@@ -51,6 +51,9 @@ pub struct SamplingConfig {
     /// Copy Go goroutines' pprof labels into their samples; None leaves
     /// them out (and the program's path for them with it).
     pub go_labels: Option<profiler_runtimes::go::labels::GoLabelsConfig>,
+    /// Write Python frames into the stacks of CPython processes (needs
+    /// unwind tables: the eval loop is found by its rows).
+    pub python: bool,
 }
 
 /// Default bound on unwind-table rows: 64 MiB holds 16 M rows, the tables
@@ -104,8 +107,8 @@ pub struct Sampler {
     /// as a `Sample` (allocated once: a full sample is 9 KiB).
     buffer: Box<Sample>,
     cpus: Vec<u32>,
-    /// Until the recorder takes it (`take_go_labels`).
-    go_labels: Option<GoLabelRegistry>,
+    /// Until the recorder takes it (`take_runtimes`).
+    runtimes: Option<RuntimeRegistry>,
 }
 
 impl Sampler {
@@ -115,7 +118,7 @@ impl Sampler {
     /// tables stay with the caller for processes seen later.
     pub fn start(
         config: &SamplingConfig,
-        before_attach: impl FnOnce(&UnwindTables, Option<&GoLabelRegistry>),
+        before_attach: impl FnOnce(&UnwindTables, &RuntimeRegistry),
     ) -> Result<(Self, UnwindTables), SamplingError> {
         if config.frequency_hz == 0 {
             return Err(SamplingError::BadFrequency(config.frequency_hz));
@@ -138,7 +141,7 @@ impl Sampler {
             Some(off_cpu) => Some(offcpu::Globals::new(off_cpu, cpus.len())?),
             None => None,
         };
-        let go_labels = profiler_runtimes::go::labels::Globals::new(config.go_labels.is_some());
+        let runtime_globals = profiler_runtimes::loading::Globals::new(config.go_labels.is_some());
         let mut loader = EbpfLoader::new();
         loader
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
@@ -146,7 +149,7 @@ impl Sampler {
         if let Some(globals) = &off_cpu {
             globals.apply(&mut loader);
         }
-        go_labels.apply(&mut loader);
+        runtime_globals.apply(&mut loader);
         let mut ebpf = loader
             .load(profiler_bpf::SAMPLING_OBJECT)
             .map_err(SamplingError::load)?;
@@ -165,25 +168,20 @@ impl Sampler {
         }
 
         let arrays = UnwindArrays::take(&mut ebpf)?;
-        let go_labels = match config.go_labels {
-            Some(_) => Some(
-                GoLabelRegistry::spawn(
-                    BpfHashMap::try_from(
-                        ebpf.take_map("GO_PROCESSES")
-                            .ok_or(SamplingError::MissingMap("GO_PROCESSES"))?,
-                    )
-                    .map_err(|e| SamplingError::Map("GO_PROCESSES", e))?,
-                )
-                .map_err(SamplingError::GoLabelsThread)?,
-            ),
-            None => None,
-        };
+        let runtimes = RuntimeRegistry::spawn(
+            &mut ebpf,
+            RuntimeSettings {
+                go_labels: config.go_labels.is_some(),
+                python: config.python && config.unwind_tables,
+            },
+        )
+        .map_err(SamplingError::Runtimes)?;
         let tables = UnwindTables::spawn(TableStore::new(
             arrays,
             profiler_common::unwind::MAX_UNWIND_PROCESSES,
         ))
         .map_err(SamplingError::UnwindThread)?;
-        before_attach(&tables, go_labels.as_ref());
+        before_attach(&tables, &runtimes);
 
         let program: &mut PerfEvent = ebpf
             .program_mut("sample_stack")
@@ -230,15 +228,15 @@ impl Sampler {
             ebpf: Some(ebpf),
             buffer: Box::new(zeroed_sample()),
             cpus,
-            go_labels,
+            runtimes: Some(runtimes),
         };
         Ok((sampler, tables))
     }
 
-    /// The thread that tells the program about Go processes, when Go
-    /// labels are read (once: the caller keeps it).
-    pub fn take_go_labels(&mut self) -> Option<GoLabelRegistry> {
-        self.go_labels.take()
+    /// The runtimes' registries, which tell the program about Go and
+    /// Python processes (once: the caller keeps them).
+    pub fn take_runtimes(&mut self) -> RuntimeRegistry {
+        self.runtimes.take().unwrap_or_else(RuntimeRegistry::none)
     }
 
     /// CPUs with an attached perf event.

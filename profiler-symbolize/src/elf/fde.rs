@@ -53,6 +53,13 @@ impl FdeBounds {
         (address < end).then_some(start)
     }
 
+    /// The `[start, end)` of the FDE covering `address`.
+    pub fn range_of(&self, address: u64) -> Option<(u64, u64)> {
+        let index = self.ranges.partition_point(|&(start, _)| start <= address);
+        let &(start, end) = self.ranges.get(index.checked_sub(1)?)?;
+        (address < end).then_some((start, end))
+    }
+
     pub fn len(&self) -> usize {
         self.ranges.len()
     }

@@ -167,10 +167,8 @@ impl ProcessTable {
             Some(process) => {
                 process.captured
                     && process.maps_read_at.elapsed() >= MAPS_REFRESH_INTERVAL
-                    && user_pcs.iter().any(|&pc| {
-                        let pc = pc & !profiler_common::unwind::FRAME_EXACT_PC;
-                        process.mapping_for(pc).is_none()
-                    })
+                    && profiler_common::runtimes::native_pcs(user_pcs)
+                        .any(|pc| process.mapping_for(pc).is_none())
             }
         };
         if !refresh {

@@ -10,10 +10,7 @@
 //! run, `curg` is nil and the sample has no labels.
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_task_btf, bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::bpf_probe_read_user as read_user_raw,
-    },
+    helpers::{bpf_probe_read_user, generated::bpf_probe_read_user as read_user_raw},
     macros::map,
     maps::{HashMap, PerCpuArray},
 };
@@ -31,11 +28,6 @@ use crate::{bump, machine};
 /// the verifier drops the whole path when it is off.
 #[unsafe(no_mangle)]
 static GO_LABELS: u8 = 0;
-
-/// Where `task_struct.thread`'s thread pointer is (x86_64:
-/// `thread.fsbase`), from the kernel's BTF; 0 when unknown.
-#[unsafe(no_mangle)]
-static TASK_THREAD_POINTER_OFFSET: u32 = 0;
 
 /// Go processes and where their runtime keeps goroutines and labels,
 /// written by user space when it finds a process's Go binary.
@@ -111,16 +103,7 @@ fn current_m(process: &GoProcess, regs: &UserRegs) -> Option<u64> {
     if process.flags & GO_PROCESS_TLS == 0 {
         return None;
     }
-    // SAFETY: a read-only global the loader initialised.
-    let offset = unsafe { core::ptr::read_volatile(&TASK_THREAD_POINTER_OFFSET) };
-    if offset == 0 {
-        return None;
-    }
-    // SAFETY: bpf_probe_read_kernel checks the address.
-    let thread_pointer: u64 = unsafe {
-        let task = bpf_get_current_task_btf() as *const u8;
-        bpf_probe_read_kernel(task.add(offset as usize).cast::<u64>()).ok()?
-    };
+    let thread_pointer = machine::thread_pointer()?;
     if !plausible(thread_pointer) {
         return None;
     }

@@ -9,11 +9,9 @@
 //! labels into the sample; `labels_of` turns them into profile labels.
 
 mod layout;
-mod loading;
 mod versions;
 
 pub use layout::{LabelStorage, LayoutError, LayoutSource, Offsets, RuntimeLayout, read_layout};
-pub use loading::Globals;
 
 use std::collections::HashMap;
 use std::sync::mpsc;

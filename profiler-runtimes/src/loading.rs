@@ -1,12 +1,14 @@
-//! Loading the sampling program's Go-labels path: switched on by a
-//! read-only global, and given where the kernel keeps a task's thread
-//! pointer (the Go runtime's g lives at an offset from it on amd64).
+//! The sampling program's globals the runtimes set: whether Go labels are
+//! read (a read-only global, so the verifier drops the path when off), and
+//! where the kernel keeps a task's thread pointer (Go's g lives at an
+//! offset from it on amd64; 3.10 CPython's threads are known by it).
 
 use aya::EbpfLoader;
 
 use profiler_bpf::btf::KernelBtf;
 
-/// Globals of the sampling program (profiler-ebpf/src/runtimes/go.rs).
+/// Globals of the sampling program (profiler-ebpf/src/runtimes/go/labels.rs
+/// and machine.rs).
 const GLOBAL_GO_LABELS: &str = "GO_LABELS";
 const GLOBAL_TASK_THREAD_POINTER_OFFSET: &str = "TASK_THREAD_POINTER_OFFSET";
 
@@ -17,20 +19,18 @@ pub struct Globals {
 }
 
 impl Globals {
-    pub fn new(enabled: bool) -> Globals {
-        let thread_pointer = if enabled {
-            match thread_pointer_offset() {
-                Ok(offset) => offset,
-                Err(why) => {
-                    // The g register still finds goroutines in Go code;
-                    // only samples in C code and system calls go unlabelled.
-                    tracing::info!("Go labels without thread-local storage: {why}");
-                    0
-                }
+    pub fn new(go_labels: bool) -> Globals {
+        let thread_pointer = match thread_pointer_offset() {
+            Ok(offset) => offset,
+            Err(why) => {
+                // The g register still finds goroutines in Go code; only
+                // samples in C code and system calls go unlabelled, and
+                // 3.10 CPython's frames stay native.
+                tracing::info!("no thread pointer for the runtimes: {why}");
+                0
             }
-        } else {
-            0
         };
+        let enabled = go_labels;
         Globals {
             enabled: u8::from(enabled),
             thread_pointer,

@@ -1,0 +1,237 @@
+//! CPython in the stack walker: the Python frames of each activation of the
+//! interpreter's eval loop, written in place of its native frame (see
+//! `profiler_common::runtimes::python` for the layouts and the record).
+//!
+//! The native walker calls [`enter`] at a frame whose rule carries
+//! `RULE_FLAG_INTERPRETER`; when it returns true, the walker has not
+//! recorded the eval loop's own frame, unwinds it natively, and calls
+//! [`step`] once per loop iteration until the activation's Python frames
+//! are written (one frame each), before it records the caller. Every read
+//! is bounded: a frame is read in one 112-byte window, at most
+//! `MAX_PY_FRAMES` frames per sample are written, and a frame that cannot
+//! be read ends the Python part of the stack with a mark (its native
+//! frames go on).
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
+    macros::map,
+    maps::HashMap,
+};
+use profiler_common::runtimes::python::{
+    MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_CUT_READ_FAULT, PY_CUT_TOO_DEEP,
+    PY_FRAME_TAG, PY_LAYOUT_310, PY_LAYOUT_311, PY_LAYOUT_312, PyProcess, PyThread,
+    RUNTIME_PAYLOAD_MASK,
+};
+use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample};
+
+use crate::walk::{WalkState, read_user};
+use crate::{bump, machine, words};
+
+/// CPython processes and where they keep what the walker reads, written by
+/// user space when it finds a process's interpreter.
+#[map]
+static PY_PROCESSES: HashMap<u32, PyProcess> = HashMap::with_max_entries(MAX_PY_PROCESSES, 0);
+
+/// Thread states by thread id (the kernel's pid; 3.10: by thread pointer,
+/// see `profiler_runtimes::python::threads`), written by user space from
+/// the interpreter's own thread list.
+#[map]
+static PY_THREADS: HashMap<u64, PyThread> = HashMap::with_max_entries(MAX_PY_THREADS, 0);
+
+/// `WalkState::py_state`: nothing looked up yet in this walk.
+pub(crate) const PY_UNSTARTED: u32 = 0;
+/// The thread's frame chain is being followed.
+pub(crate) const PY_STARTED: u32 = 1;
+/// No Python frames in this walk (not a Python process, an unknown
+/// thread, or the chain was cut): eval loops stay native frames.
+pub(crate) const PY_OFF: u32 = 2;
+
+/// Bytes of a frame read at once: every field the walker needs lies below
+/// (3.10's `f_lasti` at 96 is the farthest; `_PyInterpreterFrame` is 80
+/// to 88 bytes and is followed by its locals).
+const WINDOW: usize = 112;
+
+/// Starts the Python frames of an eval loop activation. False when there
+/// are none to write (the walker then records the eval loop natively).
+#[inline(always)]
+pub(crate) fn enter(state: &mut WalkState) -> bool {
+    if state.py_state == PY_UNSTARTED {
+        state.py_state = PY_OFF;
+        let pid_tgid = bpf_get_current_pid_tgid();
+        let (pid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+        // SAFETY: the value is copied out of the map.
+        let Some(process) = (unsafe { PY_PROCESSES.get(&pid) }) else {
+            return false;
+        };
+        // 3.10's thread states record no thread id, only `pthread_self()`:
+        // the thread pointer.
+        let key = if process.layout == PY_LAYOUT_310 {
+            machine::thread_pointer().unwrap_or(0)
+        } else {
+            u64::from(tid)
+        };
+        // SAFETY: as above.
+        let thread = match unsafe { PY_THREADS.get(&key) } {
+            Some(thread) if thread.pid == pid => *thread,
+            _ => {
+                state.py_unknown_thread = 1;
+                bump(Counter::PythonThreadUnknown);
+                return false;
+            }
+        };
+        words::copy(&mut state.py, process);
+        let Ok(mut frame) = read_user(
+            thread
+                .thread_state
+                .wrapping_add(u64::from(state.py.thread_frame)),
+        ) else {
+            return false;
+        };
+        if state.py.cframe_frame != PyProcess::NONE {
+            if !plausible(frame) {
+                return false;
+            }
+            let Ok(current) = read_user(frame.wrapping_add(u64::from(state.py.cframe_frame)))
+            else {
+                return false;
+            };
+            frame = current;
+        }
+        state.py_frame = frame;
+        state.py_frames = 0;
+        state.py_state = PY_STARTED;
+    }
+    if state.py_state != PY_STARTED || !plausible(state.py_frame) {
+        return false;
+    }
+    state.py_pending = 1;
+    true
+}
+
+/// One loop iteration while an activation's Python frames are pending:
+/// writes the next one, or ends the activation. False when the sample
+/// has no room left (the walk is then over, truncated).
+#[inline(always)]
+pub(crate) fn step(state: &mut WalkState, sample: &mut Sample) -> bool {
+    let frame = state.py_frame;
+    if !plausible(frame) {
+        state.py_pending = 0;
+        return true;
+    }
+    if state.py_frames >= MAX_PY_FRAMES {
+        return cut(state, sample, PY_CUT_TOO_DEEP);
+    }
+    if !read_window(state, frame) {
+        return cut(state, sample, PY_CUT_READ_FAULT);
+    }
+    let (window, py) = (&state.py_window, &state.py);
+    let previous = field(window, py.frame_previous);
+    let code = field(window, py.frame_code);
+    let (code, instr, ends) = match py.layout {
+        PY_LAYOUT_310 => (code, field(window, py.frame_instr) & 0xffff_ffff, true),
+        PY_LAYOUT_311 => (
+            code,
+            field(window, py.frame_instr),
+            byte(window, py.frame_is_entry) != 0,
+        ),
+        PY_LAYOUT_312 => {
+            // An entry frame (owned by the C stack) ends the activation
+            // and is no Python function: not written.
+            if byte(window, py.frame_owner) >= py.owner_entry {
+                state.py_frame = previous;
+                state.py_pending = 0;
+                return true;
+            }
+            (
+                code & !py.code_tag_bits,
+                field(window, py.frame_instr),
+                false,
+            )
+        }
+        _ => return cut(state, sample, PY_CUT_READ_FAULT),
+    };
+    if !write(
+        state,
+        sample,
+        PY_FRAME_TAG | (code & RUNTIME_PAYLOAD_MASK),
+        instr,
+    ) {
+        return false;
+    }
+    bump(Counter::PythonFrames);
+    state.py_frames += 1;
+    state.py_frame = previous;
+    if ends {
+        state.py_pending = 0;
+    }
+    true
+}
+
+/// Marks the Python part of the stack as cut here and stops following it.
+#[inline(always)]
+fn cut(state: &mut WalkState, sample: &mut Sample, reason: u64) -> bool {
+    bump(Counter::PythonCut);
+    state.py_state = PY_OFF;
+    state.py_pending = 0;
+    write(state, sample, PY_FRAME_TAG, reason)
+}
+
+/// Writes a two-word runtime frame after the frames so far.
+#[inline(always)]
+fn write(state: &mut WalkState, sample: &mut Sample, first: u64, second: u64) -> bool {
+    let n = state.frames;
+    let slot = state.kernel_frames as u64 + n as u64;
+    if n as usize + 2 > MAX_USER_FRAMES || slot + 2 > MAX_SAMPLE_FRAMES as u64 {
+        return false;
+    }
+    let slot = slot as usize;
+    if let Some(word) = sample.frames.get_mut(slot) {
+        *word = first;
+    }
+    if let Some(word) = sample.frames.get_mut(slot + 1) {
+        *word = second;
+    }
+    state.frames = n + 2;
+    true
+}
+
+/// Reads `WINDOW` bytes of a frame into the walk state's window.
+#[inline(always)]
+fn read_window(state: &mut WalkState, frame: u64) -> bool {
+    // SAFETY: `py_window` is WINDOW bytes of this CPU's walk state; the
+    // helper checks the user address and reports a fault.
+    let result = unsafe {
+        bpf_probe_read_user(
+            state.py_window.as_mut_ptr().cast(),
+            WINDOW as u32,
+            frame as *const _,
+        )
+    };
+    result == 0
+}
+
+/// The u64 at byte `offset` of the window (0 past its end).
+#[inline(always)]
+fn field(window: &[u8; WINDOW], offset: u16) -> u64 {
+    let offset = offset as usize;
+    if offset > WINDOW - 8 {
+        return 0;
+    }
+    // SAFETY: `offset + 8 <= WINDOW`, checked above.
+    unsafe { core::ptr::read_unaligned(window.as_ptr().add(offset).cast::<u64>()) }
+}
+
+/// The byte at `offset` of the window (0 past its end).
+#[inline(always)]
+fn byte(window: &[u8; WINDOW], offset: u16) -> u8 {
+    window.get(offset as usize).copied().unwrap_or(0)
+}
+
+/// A pointer that may be a frame: in user space and aligned.
+#[inline(always)]
+fn plausible(address: u64) -> bool {
+    address != 0 && address < machine::USER_LIMIT && address & 7 == 0
+}
+
+/// The size of the window, for the walk state.
+pub(crate) const WINDOW_BYTES: usize = WINDOW;
