@@ -211,7 +211,7 @@ impl Agent {
                 if !auth.enabled() && !addr.ip().is_loopback() {
                     tracing::warn!(
                         "the listener on {addr} has no authentication: any client that can reach \
-                         it can pull profiles (set [auth], see README, Security)"
+                         it can pull profiles (set [auth], see docs/security.md)"
                     );
                 }
                 Some(Server::start(

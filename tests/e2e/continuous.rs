@@ -1089,7 +1089,7 @@ fn deploy_manifests_are_valid_kubernetes_objects() {
     assert!(!validate(&[broken]).status.success());
 
     // What the DaemonSet grants: host PIDs and exactly the capabilities
-    // the README lists; through the API, reading pods, creating reviews of
+    // docs/security.md lists; through the API, reading pods, creating reviews of
     // its callers (which store nothing), and for scrapers `get` on the two
     // endpoints.
     for capability in ["- BPF", "- PERFMON", "- SYS_PTRACE", "- SYS_RESOURCE"] {

@@ -23,10 +23,27 @@ pub struct RawProfile {
     pub period: i64,
     pub duration: Duration,
     pub samples: Vec<RawSample>,
-    /// Location id → function names, innermost first, and its mapping id.
-    pub locations: HashMap<u64, (Vec<String>, u64)>,
+    /// Location id → its lines (innermost first) and its mapping id.
+    pub locations: HashMap<u64, (Vec<RawLine>, u64)>,
     /// Mapping id → file.
     pub mappings: HashMap<u64, String>,
+}
+
+/// One line of a location: a function, its file and the line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawLine {
+    pub function: String,
+    pub file: String,
+    pub line: u32,
+}
+
+/// A sample's frames with their files and lines, leaf first.
+#[derive(Debug, Clone)]
+pub struct LinedStack {
+    /// (line, is kernel), leaf first, inlined frames expanded.
+    pub frames: Vec<(RawLine, bool)>,
+    pub count: i64,
+    pub labels: HashMap<String, String>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -57,23 +74,39 @@ impl RawProfile {
     /// Every sample with its frames named, leaf first, inlined frames
     /// expanded; `count` is the first sample value.
     pub fn stacks(&self) -> Vec<Stack> {
+        self.lined_stacks()
+            .into_iter()
+            .map(|stack| Stack {
+                frames: stack
+                    .frames
+                    .into_iter()
+                    .map(|(line, kernel)| (line.function, kernel))
+                    .collect(),
+                count: stack.count,
+                labels: stack.labels,
+            })
+            .collect()
+    }
+
+    /// Every sample with its frames' files and lines, leaf first.
+    pub fn lined_stacks(&self) -> Vec<LinedStack> {
         self.samples
             .iter()
             .map(|sample| {
                 let mut frames = Vec::new();
                 for id in &sample.locations {
-                    let Some((names, mapping)) = self.locations.get(id) else {
+                    let Some((lines, mapping)) = self.locations.get(id) else {
                         panic!("sample names location {id}, which -raw did not list");
                     };
                     let kernel = self
                         .mappings
                         .get(mapping)
                         .is_some_and(|file| file == "[kernel.kallsyms]");
-                    for name in names {
-                        frames.push((name.clone(), kernel));
+                    for line in lines {
+                        frames.push((line.clone(), kernel));
                     }
                 }
-                Stack {
+                LinedStack {
                     frames,
                     count: sample.values.first().copied().unwrap_or(0),
                     labels: sample.labels.clone(),
@@ -221,17 +254,32 @@ fn location_line(profile: &mut RawProfile, current: &mut Option<u64>, line: &str
     if rest.is_empty() || rest == "??" {
         return;
     }
-    if let Some(name) = function_name(&rest) {
-        profile.locations.get_mut(&id).unwrap().0.push(name);
+    if let Some(line) = raw_line(&rest) {
+        profile.locations.get_mut(&id).unwrap().0.push(line);
     }
 }
 
-/// The function of "NAME FILE:LINE[:COLUMN] s=START[(SYSTEM NAME)]": names
-/// may hold spaces (C++), so the file and line are cut from the right.
-fn function_name(text: &str) -> Option<String> {
+/// "NAME FILE:LINE[:COLUMN] s=START[(SYSTEM NAME)]": names may hold
+/// spaces (C++), so the file and line are cut from the right.
+fn raw_line(text: &str) -> Option<RawLine> {
     let before_start = &text[..text.rfind(" s=")?];
-    let (name, _file_line) = before_start.rsplit_once(' ')?;
-    Some(name.to_string())
+    let (name, file_line) = before_start.rsplit_once(' ')?;
+    // FILE:LINE or FILE:LINE:COLUMN (go tool pprof since Go 1.21).
+    let mut parts = file_line.rsplitn(3, ':').collect::<Vec<_>>();
+    parts.reverse();
+    let (file, line) = match parts.as_slice() {
+        [file, line, column] if column.parse::<u32>().is_ok() && line.parse::<u32>().is_ok() => {
+            (file.to_string(), line.parse().unwrap_or(0))
+        }
+        [file, line, column] => (format!("{file}:{line}"), column.parse().unwrap_or(0)),
+        [file, line] => (file.to_string(), line.parse().unwrap_or(0)),
+        _ => (file_line.to_string(), 0),
+    };
+    Some(RawLine {
+        function: name.to_string(),
+        file,
+        line,
+    })
 }
 
 /// The header's duration: pprof prints it with `%.4v`, the first four
@@ -297,5 +345,9 @@ mod tests {
                 ("outer(int, char)".to_string(), false),
             ]
         );
+        let lined = profile.lined_stacks();
+        assert_eq!(lined[0].frames[1].0.file, "/src/a.c");
+        assert_eq!(lined[0].frames[1].0.line, 3);
+        assert_eq!(lined[0].frames[2].0.line, 9);
     }
 }

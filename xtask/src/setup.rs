@@ -92,8 +92,129 @@ pub fn ensure(tier: Tier) -> anyhow::Result<()> {
         ensure_grpcio()?;
         ensure_rust_target("aarch64-unknown-linux-gnu")?;
         ensure_arm64_guest()?;
+        ensure_python_roots()?;
+        ensure_py_spy()?;
     }
     Ok(())
+}
+
+/// Debian's newer CPython builds, each unpacked with that suite's libc into
+/// a root of its own under `${XDG_CACHE_HOME:-~/.cache}/profiler-agent/
+/// python/SUITE/root`, and run there with `chroot` by the Python tests, as
+/// a container with another distribution's libc would run them. Nothing
+/// is installed on the host: apt works from a state directory of its own
+/// (`apt/`) naming only that suite. Suites, not exact versions: the tests
+/// read each interpreter's version from the interpreter.
+const PYTHON_ROOTS: &[(&str, &str)] = &[("trixie", "3.13"), ("sid", "3.14")];
+
+fn ensure_python_roots() -> anyhow::Result<()> {
+    for &(suite, version) in PYTHON_ROOTS {
+        let dir = cache_dir()?.join("python").join(suite);
+        let python = format!("/usr/bin/python{version}");
+        if dir.join(".complete").exists() {
+            continue;
+        }
+        if !is_root() {
+            bail!("unpacking Debian's python{version} ({suite}) for the Python tests: run as root");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        let apt_dir = dir.join("apt");
+        std::fs::create_dir_all(apt_dir.join("lists/partial"))?;
+        std::fs::create_dir_all(apt_dir.join("cache/archives/partial"))?;
+        std::fs::write(
+            apt_dir.join("sources.list"),
+            format!(
+                "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+                 http://deb.debian.org/debian {suite} main\n"
+            ),
+        )?;
+        let options = [
+            format!(
+                "Dir::Etc::SourceList={}",
+                apt_dir.join("sources.list").display()
+            ),
+            "Dir::Etc::SourceParts=/dev/null".into(),
+            format!("Dir::State::Lists={}", apt_dir.join("lists").display()),
+            format!("Dir::Cache={}", apt_dir.join("cache").display()),
+            "APT::Sandbox::User=root".into(),
+        ];
+        let apt_get = |args: &[&str]| {
+            let mut command = Command::new("apt-get");
+            for option in &options {
+                command.arg("-o").arg(option);
+            }
+            command.args(args);
+            command
+        };
+        run(&mut apt_get(&["update", "-qq"]))
+            .with_context(|| format!("reading Debian {suite}'s package lists"))?;
+        let debs = dir.join("debs");
+        std::fs::create_dir_all(&debs)?;
+        let packages: Vec<String> = [
+            "libc6".to_string(),
+            "zlib1g".into(),
+            "libexpat1".into(),
+            format!("python{version}-minimal"),
+            format!("libpython{version}-minimal"),
+            format!("libpython{version}-stdlib"),
+        ]
+        .iter()
+        .map(|p| format!("{p}/{suite}"))
+        .collect();
+        let mut download = apt_get(&["download", "-qq"]);
+        download.args(&packages).current_dir(&debs);
+        run(&mut download).with_context(|| format!("downloading python{version} from {suite}"))?;
+        let root = dir.join("root");
+        for entry in std::fs::read_dir(&debs)? {
+            run(Command::new("dpkg-deb")
+                .arg("-x")
+                .arg(entry?.path())
+                .arg(&root))?;
+        }
+        for (link, target) in [
+            ("lib", "usr/lib"),
+            ("lib64", "usr/lib64"),
+            ("bin", "usr/bin"),
+        ] {
+            let _ = std::os::unix::fs::symlink(target, root.join(link));
+        }
+        std::fs::create_dir_all(root.join("tmp"))?;
+        std::fs::create_dir_all(root.join("dev"))?;
+        let reported = output(Command::new("chroot").arg(&root).args([
+            &python,
+            "-c",
+            "import sys; print(sys.version.split()[0])",
+        ]))
+        .unwrap_or_default();
+        if !reported.starts_with(version) {
+            bail!(
+                "python{version} unpacked from {suite} does not run in its root (it said {reported:?})"
+            );
+        }
+        std::fs::write(dir.join(".complete"), reported)?;
+    }
+    Ok(())
+}
+
+/// py-spy, the Python tests' independent reader of the same processes
+/// (`py-spy record --nonblocking`), from PyPI in a venv of its own.
+const PY_SPY_VERSION: &str = "0.4.3";
+
+fn ensure_py_spy() -> anyhow::Result<()> {
+    let dir = cache_dir()?.join("py-spy");
+    let reported =
+        output(Command::new(dir.join("bin/py-spy")).arg("--version")).unwrap_or_default();
+    if reported.contains(PY_SPY_VERSION) {
+        return Ok(());
+    }
+    run(Command::new("python3").arg("-m").arg("venv").arg(&dir))
+        .context("creating a Python venv for py-spy (apt install python3-venv)")?;
+    run(Command::new(dir.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        &format!("py-spy=={PY_SPY_VERSION}"),
+    ]))
+    .context("installing py-spy from PyPI")
 }
 
 /// Debian's arm64 kernel and the guest's userland, unpacked under

@@ -198,7 +198,11 @@ impl PythonFrames {
         let frame = match object {
             Some(object) => Frame {
                 function: object.name.clone(),
-                system_name: None,
+                // Different from the name, as CPython's own perf maps
+                // write it: `go tool pprof` demangles a function whose
+                // system name equals its name, which empties `<module>`
+                // and `<lambda>` (it drops `<...>` as template arguments).
+                system_name: Some(format!("py::{}:{}", object.name, object.file)),
                 file: Some(object.file.clone()),
                 line: interpreter
                     .line(code, &object, instruction)
