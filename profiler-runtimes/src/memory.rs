@@ -12,6 +12,76 @@ use std::io;
 /// is cut or refused by the caller.
 pub const MAX_READ: usize = 1 << 20;
 
+/// Memory the runtimes read: a process's, or (tests, fuzz targets) an
+/// image of one.
+pub trait Memory {
+    /// Fills `buffer` from `address`; an error unless all of it was read.
+    fn read(&self, address: u64, buffer: &mut [u8]) -> io::Result<()>;
+
+    /// Reads `N` bytes.
+    fn array<const N: usize>(&self, address: u64) -> io::Result<[u8; N]> {
+        let mut bytes = [0u8; N];
+        self.read(address, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    fn u64(&self, address: u64) -> io::Result<u64> {
+        self.array::<8>(address).map(u64::from_le_bytes)
+    }
+
+    fn u32(&self, address: u64) -> io::Result<u32> {
+        self.array::<4>(address).map(u32::from_le_bytes)
+    }
+
+    fn i32(&self, address: u64) -> io::Result<i32> {
+        self.array::<4>(address).map(i32::from_le_bytes)
+    }
+
+    fn u8(&self, address: u64) -> io::Result<u8> {
+        self.array::<1>(address).map(|b| b[0])
+    }
+
+    /// `len` bytes at `address` (at most `MAX_READ`).
+    fn bytes(&self, address: u64, len: usize) -> io::Result<Vec<u8>> {
+        if len > MAX_READ {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a read of {len} bytes is over the bound"),
+            ));
+        }
+        let mut bytes = vec![0u8; len];
+        self.read(address, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// A NUL-terminated string of at most `max` bytes (read in chunks, so
+    /// one near the end of a mapping is found).
+    fn c_string(&self, address: u64, max: usize) -> io::Result<String> {
+        let mut out = Vec::new();
+        let mut at = address;
+        while out.len() < max {
+            let mut chunk = [0u8; 64];
+            // The chunk may cross into unmapped memory: fall back to bytes.
+            let got = match self.read(at, &mut chunk) {
+                Ok(()) => &chunk[..],
+                Err(_) => {
+                    self.read(at, &mut chunk[..1])?;
+                    &chunk[..1]
+                }
+            };
+            if let Some(end) = got.iter().position(|&b| b == 0) {
+                out.extend_from_slice(&got[..end]);
+                out.truncate(max);
+                return Ok(String::from_utf8_lossy(&out).into_owned());
+            }
+            out.extend_from_slice(got);
+            at = at.wrapping_add(got.len() as u64);
+        }
+        out.truncate(max);
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+}
+
 /// The memory of one process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessMemory {
@@ -22,9 +92,10 @@ impl ProcessMemory {
     pub fn new(pid: u32) -> Self {
         ProcessMemory { pid }
     }
+}
 
-    /// Fills `buffer` from `address`; an error unless all of it was read.
-    pub fn read(&self, address: u64, buffer: &mut [u8]) -> io::Result<()> {
+impl Memory for ProcessMemory {
+    fn read(&self, address: u64, buffer: &mut [u8]) -> io::Result<()> {
         if buffer.is_empty() {
             return Ok(());
         }
@@ -57,68 +128,51 @@ impl ProcessMemory {
         }
         Ok(())
     }
+}
 
-    /// Reads `N` bytes.
-    pub fn array<const N: usize>(&self, address: u64) -> io::Result<[u8; N]> {
-        let mut bytes = [0u8; N];
-        self.read(address, &mut bytes)?;
-        Ok(bytes)
-    }
+/// An image of memory: `bytes` at `base`, nothing elsewhere.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageMemory {
+    pub base: u64,
+    pub bytes: Vec<u8>,
+}
 
-    pub fn u64(&self, address: u64) -> io::Result<u64> {
-        self.array::<8>(address).map(u64::from_le_bytes)
-    }
-
-    pub fn u32(&self, address: u64) -> io::Result<u32> {
-        self.array::<4>(address).map(u32::from_le_bytes)
-    }
-
-    pub fn i32(&self, address: u64) -> io::Result<i32> {
-        self.array::<4>(address).map(i32::from_le_bytes)
-    }
-
-    pub fn u8(&self, address: u64) -> io::Result<u8> {
-        self.array::<1>(address).map(|b| b[0])
-    }
-
-    /// `len` bytes at `address` (at most `MAX_READ`).
-    pub fn bytes(&self, address: u64, len: usize) -> io::Result<Vec<u8>> {
-        let mut bytes = vec![0u8; len];
-        self.read(address, &mut bytes)?;
-        Ok(bytes)
-    }
-
-    /// A NUL-terminated string of at most `max` bytes (read in chunks, so
-    /// one near the end of a mapping is found).
-    pub fn c_string(&self, address: u64, max: usize) -> io::Result<String> {
-        let mut out = Vec::new();
-        let mut at = address;
-        while out.len() < max {
-            let mut chunk = [0u8; 64];
-            // The chunk may cross into unmapped memory: fall back to bytes.
-            let got = match self.read(at, &mut chunk) {
-                Ok(()) => &chunk[..],
-                Err(_) => {
-                    self.read(at, &mut chunk[..1])?;
-                    &chunk[..1]
-                }
-            };
-            if let Some(end) = got.iter().position(|&b| b == 0) {
-                out.extend_from_slice(&got[..end]);
-                out.truncate(max);
-                return Ok(String::from_utf8_lossy(&out).into_owned());
+impl Memory for ImageMemory {
+    fn read(&self, address: u64, buffer: &mut [u8]) -> io::Result<()> {
+        let start = address
+            .checked_sub(self.base)
+            .and_then(|s| usize::try_from(s).ok());
+        let range = start.and_then(|s| Some(s..s.checked_add(buffer.len())?));
+        match range.and_then(|r| self.bytes.get(r)) {
+            Some(bytes) => {
+                buffer.copy_from_slice(bytes);
+                Ok(())
             }
-            out.extend_from_slice(got);
-            at += got.len() as u64;
+            None => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "{} bytes at {address:#x} are not in the image",
+                    buffer.len()
+                ),
+            )),
         }
-        out.truncate(max);
-        Ok(String::from_utf8_lossy(&out).into_owned())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_answers_inside_itself_only() {
+        let image = ImageMemory {
+            base: 0x1000,
+            bytes: b"abc\0".to_vec(),
+        };
+        assert_eq!(image.c_string(0x1000, 10).unwrap(), "abc");
+        assert!(image.u64(0x1000).is_err());
+        assert!(image.u8(u64::MAX).is_err());
+    }
 
     #[test]
     fn reads_this_process_and_refuses_what_is_not_mapped() {

@@ -559,3 +559,89 @@ fn a_profile_without_python_frames_when_asked() {
     assert!(stacks.iter().map(|s| s.count).sum::<i64>() >= 100);
     assert!(stacks.iter().all(|s| python_frames(s).is_empty()));
 }
+
+/// Builds the forged interpreter (tests/fixtures/python/fake_cpython.c).
+fn build_fake_cpython(dir: &Path) -> PathBuf {
+    let out = dir.join("fake_cpython");
+    let source = workspace_root().join("tests/fixtures/python/fake_cpython.c");
+    let output = Command::new("cc")
+        .args(["-O1", "-g", "-rdynamic", "-o"])
+        .arg(&out)
+        .arg(&source)
+        .output()
+        .expect("running cc (`cargo xtask setup --tests`)");
+    assert!(
+        output.status.success(),
+        "cc {}: {}",
+        source.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    out
+}
+
+/// A process that forges an interpreter's memory (a frame that is its own
+/// caller, a name of 100 million characters, a garbage line table, debug
+/// offsets that point nowhere, a thread list that loops) costs the agent
+/// nothing but that process's Python frames: every walk is bounded, cut
+/// with a mark or refused with one line, and the profile is written.
+#[test]
+fn forged_interpreter_memory_is_bounded_and_marked() {
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = build_fake_cpython(dir.path());
+    for mode in ["loop", "offsets", "threads"] {
+        let mut child = Command::new(&fake)
+            .args([mode, "8"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "ready");
+        let out = dir.path().join(format!("{mode}.pb.gz"));
+        let report = record(&[
+            "--pid",
+            &child.id().to_string(),
+            "-d",
+            "3s",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        let _ = child.kill();
+        let _ = child.wait();
+        let stacks = RawProfile::read(&out).lined_stacks();
+        let total: i64 = stacks.iter().map(|s| s.count).sum();
+        assert!(total >= 150, "{mode}: {total} samples\n{report}");
+        let names: BTreeSet<String> = stacks
+            .iter()
+            .flat_map(|s| s.frames.iter().map(|(l, _)| l.function.clone()))
+            .collect();
+        match mode {
+            "loop" => {
+                assert!(
+                    report.contains("Python: frames read in 1 processes"),
+                    "{report}"
+                );
+                assert!(names.contains("[python: deeper frames cut]"), "{names:?}");
+                // The name, cut at 1024 characters and marked.
+                let forged = names.iter().find(|n| n.starts_with("NNNN")).unwrap();
+                assert_eq!(forged.chars().count(), 1025, "{forged:.40}…");
+                assert!(forged.ends_with('…'));
+            }
+            "offsets" => {
+                assert!(
+                    report.contains("no Python frames for pid")
+                        && report.contains("is not an offset"),
+                    "{report}"
+                );
+                assert!(names.contains("_PyEval_EvalFrameDefault"), "{names:?}");
+            }
+            _ => {
+                // The looping list is read once round: one thread.
+                assert!(report.contains("1 threads"), "{report}");
+            }
+        }
+    }
+}

@@ -15,6 +15,7 @@ use super::workspace_root;
 const TARGETS: &[&str] = &[
     "elf_object",
     "go_pclntab",
+    "python_frames",
     "usdt_notes",
     "text_parsers",
     "cfi_rows",

@@ -16,7 +16,7 @@ use profiler_symbolize::{Frame, NameSource};
 
 use super::layout::Layout;
 use super::linetable;
-use crate::memory::ProcessMemory;
+use crate::memory::{Memory, ProcessMemory};
 
 /// Characters of a name or file kept (longer ones end in "…").
 pub const MAX_NAME: usize = 1024;
@@ -61,44 +61,49 @@ const BYTES_SIZE: u64 = 16;
 const BYTES_DATA: u64 = 32;
 
 impl Interpreter {
-    fn memory(&self) -> ProcessMemory {
-        ProcessMemory::new(self.pid)
+    /// Reads the code object at `address` of the process.
+    pub fn code(&self, address: u64) -> Result<CodeObject, CodeError> {
+        self.code_in(&ProcessMemory::new(self.pid), address)
     }
 
-    /// Reads the code object at `address`.
-    pub fn code(&self, address: u64) -> Result<CodeObject, CodeError> {
-        let memory = self.memory();
+    /// Reads the code object at `address` of `memory`.
+    pub fn code_in(&self, memory: &impl Memory, address: u64) -> Result<CodeObject, CodeError> {
         let read = |reason: std::io::Error| CodeError::Read {
             address,
             reason: reason.to_string(),
         };
         if let Some(code_type) = self.code_type
-            && memory.u64(address + OB_TYPE).map_err(read)? != code_type
+            && memory.u64(address.wrapping_add(OB_TYPE)).map_err(read)? != code_type
         {
             return Err(CodeError::NotCode(address));
         }
         let l = &self.layout;
         let name_at = memory
-            .u64(address + l.code_qualname.unwrap_or(l.code_name))
+            .u64(address.wrapping_add(l.code_qualname.unwrap_or(l.code_name)))
             .map_err(read)?;
-        let file_at = memory.u64(address + l.code_filename).map_err(read)?;
-        let first_line = memory.i32(address + l.code_firstlineno).map_err(read)?;
-        let table_at = memory.u64(address + l.code_linetable).map_err(read)?;
-        let text = |at: u64| self.string(at).map_err(read);
+        let file_at = memory
+            .u64(address.wrapping_add(l.code_filename))
+            .map_err(read)?;
+        let first_line = memory
+            .i32(address.wrapping_add(l.code_firstlineno))
+            .map_err(read)?;
+        let table_at = memory
+            .u64(address.wrapping_add(l.code_linetable))
+            .map_err(read)?;
+        let text = |at: u64| self.string(memory, at).map_err(read);
         Ok(CodeObject {
             name: text(name_at)?,
             file: text(file_at)?,
             first_line,
-            line_table: self.bytes(table_at).map_err(read)?,
+            line_table: self.bytes(memory, table_at).map_err(read)?,
         })
     }
 
     /// A `str`: compact ASCII, or compact Latin-1, UCS-2 or UCS-4 (what
     /// code objects' names and files are).
-    fn string(&self, address: u64) -> std::io::Result<String> {
-        let memory = self.memory();
-        let length = memory.u64(address + UNICODE_LENGTH)? as usize;
-        let state = memory.u32(address + UNICODE_STATE)?;
+    fn string(&self, memory: &impl Memory, address: u64) -> std::io::Result<String> {
+        let length = memory.u64(address.wrapping_add(UNICODE_LENGTH))? as usize;
+        let state = memory.u32(address.wrapping_add(UNICODE_STATE))?;
         let kind = ((state >> 2) & 7) as usize;
         let compact = (state >> 5) & 1 != 0;
         let ascii = (state >> 6) & 1 != 0;
@@ -110,9 +115,9 @@ impl Interpreter {
         }
         let kept = length.min(MAX_NAME);
         let data = if ascii {
-            address + self.layout.unicode_ascii_data
+            address.wrapping_add(self.layout.unicode_ascii_data)
         } else {
-            address + self.layout.unicode_compact_data
+            address.wrapping_add(self.layout.unicode_compact_data)
         };
         let raw = memory.bytes(data, kept * kind)?;
         let mut text: String = match kind {
@@ -139,10 +144,9 @@ impl Interpreter {
     }
 
     /// A `bytes` object's data (at most `MAX_LINE_TABLE` bytes).
-    fn bytes(&self, address: u64) -> std::io::Result<Vec<u8>> {
-        let memory = self.memory();
-        let size = memory.u64(address + BYTES_SIZE)? as usize;
-        memory.bytes(address + BYTES_DATA, size.min(MAX_LINE_TABLE))
+    fn bytes(&self, memory: &impl Memory, address: u64) -> std::io::Result<Vec<u8>> {
+        let size = memory.u64(address.wrapping_add(BYTES_SIZE))? as usize;
+        memory.bytes(address.wrapping_add(BYTES_DATA), size.min(MAX_LINE_TABLE))
     }
 
     /// The line of a frame of `code` whose second word is `instruction`.

@@ -18,7 +18,7 @@
 
 use profiler_common::runtimes::python::{PY_LAYOUT_310, PY_LAYOUT_311, PY_LAYOUT_312, PyProcess};
 
-use crate::memory::ProcessMemory;
+use crate::memory::Memory;
 
 /// Every offset the walker and the symbolizer read, in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,7 +247,7 @@ impl Layout {
 
     /// Reads `_Py_DebugOffsets` at `runtime` (the address of `_PyRuntime`)
     /// over the table of its minor version.
-    pub fn from_debug_offsets(memory: &ProcessMemory, runtime: u64) -> Result<Layout, LayoutError> {
+    pub fn from_debug_offsets(memory: &impl Memory, runtime: u64) -> Result<Layout, LayoutError> {
         let header = memory
             .array::<24>(runtime)
             .map_err(|e| LayoutError::Read(format!("_PyRuntime at {runtime:#x}: {e}")))?;
@@ -369,22 +369,26 @@ impl Layout {
     /// (`co_filename`, `co_name`, `co_qualname`, `co_firstlineno`,
     /// `co_linetable`) and, 3.11 on, its basic size (where the bytecode
     /// starts).
-    pub fn check(&self, memory: &ProcessMemory, code_type: u64) -> Result<(), LayoutError> {
+    pub fn check(&self, memory: &impl Memory, code_type: u64) -> Result<(), LayoutError> {
         let mismatch = |what: String| LayoutError::Mismatch {
             minor: self.minor,
             what,
         };
         let read = |e: std::io::Error| LayoutError::Read(format!("PyCode_Type: {e}"));
-        let members = memory.u64(code_type + TYPE_MEMBERS).map_err(read)?;
+        let members = memory
+            .u64(code_type.wrapping_add(TYPE_MEMBERS))
+            .map_err(read)?;
         let mut found = std::collections::HashMap::new();
         for index in 0..MAX_MEMBERS as u64 {
-            let entry = members + index * MEMBER_SIZE;
+            let entry = members.wrapping_add(index * MEMBER_SIZE);
             let name = memory.u64(entry).map_err(read)?;
             if name == 0 {
                 break;
             }
             let name = memory.c_string(name, 64).map_err(read)?;
-            let offset = memory.u64(entry + MEMBER_OFFSET).map_err(read)?;
+            let offset = memory
+                .u64(entry.wrapping_add(MEMBER_OFFSET))
+                .map_err(read)?;
             found.insert(name, offset);
         }
         let expected = [
@@ -407,7 +411,9 @@ impl Layout {
             }
         }
         if let Some(adaptive) = self.code_adaptive {
-            let size = memory.u64(code_type + TYPE_BASICSIZE).map_err(read)?;
+            let size = memory
+                .u64(code_type.wrapping_add(TYPE_BASICSIZE))
+                .map_err(read)?;
             if size != adaptive {
                 return Err(mismatch(format!(
                     "PyCode_Type's basic size is {size}, the table puts the bytecode at {adaptive}"

@@ -81,3 +81,126 @@ impl RuntimeRows for Python {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::code::{CodeObject, Interpreter, MAX_NAME};
+    use super::layout::Layout;
+    use super::threads;
+    use crate::memory::ImageMemory;
+
+    const BASE: u64 = 0x10_0000;
+
+    /// A 3.12 code object in an image: `PyCode_Type` at BASE, the code at
+    /// BASE + 0x100, its name a compact ASCII str claiming `name_length`
+    /// characters, its file "app.py", its line table `table`.
+    fn image(name_length: u64, table: &[u8]) -> ImageMemory {
+        let mut bytes = vec![0u8; 0x4000];
+        let put = |bytes: &mut Vec<u8>, at: u64, value: u64| {
+            let at = (at - BASE) as usize;
+            bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+        };
+        let (code, name, file, lines) = (BASE + 0x100, BASE + 0x400, BASE + 0x800, BASE + 0xc00);
+        let layout = Layout::table(12).unwrap();
+        put(&mut bytes, code + 8, BASE); // ob_type
+        put(&mut bytes, code + layout.code_qualname.unwrap(), name);
+        put(&mut bytes, code + layout.code_filename, file);
+        put(&mut bytes, code + layout.code_firstlineno, 7);
+        put(&mut bytes, code + layout.code_linetable, lines);
+        // Compact ASCII: kind 1, compact, ascii.
+        let state = (1 << 2) | (1 << 5) | (1 << 6);
+        for (at, text, length) in [
+            (name, &b"Handler.get"[..], name_length),
+            (file, b"app.py", 6),
+        ] {
+            put(&mut bytes, at + 16, length);
+            put(&mut bytes, at + 32, state);
+            let data = (at + layout.unicode_ascii_data - BASE) as usize;
+            bytes[data..data + text.len()].copy_from_slice(text);
+            for byte in &mut bytes[data + text.len()..data + 0x200] {
+                *byte = b'x';
+            }
+        }
+        put(&mut bytes, lines + 16, table.len() as u64);
+        let data = (lines + 32 - BASE) as usize;
+        bytes[data..data + table.len()].copy_from_slice(table);
+        ImageMemory { base: BASE, bytes }
+    }
+
+    fn interpreter() -> Interpreter {
+        Interpreter {
+            pid: 0,
+            layout: Layout::table(12).unwrap(),
+            code_type: Some(BASE),
+        }
+    }
+
+    #[test]
+    fn a_code_object_is_read_with_its_name_file_and_lines() {
+        // The 3.12 table of `def f()` at line 2 (see linetable's tests).
+        let table = [
+            128, 0, 216, 8, 9, 128, 65, 216, 8, 9, 128, 65, 216, 11, 12, 136, 113, 137, 53, 128, 76,
+        ];
+        let memory = image(11, &table);
+        let interpreter = interpreter();
+        let code = interpreter.code_in(&memory, BASE + 0x100).unwrap();
+        assert_eq!(
+            code,
+            CodeObject {
+                name: "Handler.get".into(),
+                file: "app.py".into(),
+                first_line: 7,
+                line_table: table.to_vec(),
+            }
+        );
+        // prev_instr at code unit 3 of the bytecode (which starts at
+        // co_code_adaptive, 192 in 3.12): first line + 2, as
+        // co_positions() gives it.
+        let instruction = BASE + 0x100 + 192 + 3 * 2;
+        assert_eq!(interpreter.line(BASE + 0x100, &code, instruction), Some(9));
+    }
+
+    #[test]
+    fn forged_names_are_cut_and_forged_objects_refused() {
+        // A name claiming 100 million characters is cut, marked.
+        let memory = image(100_000_000, &[]);
+        let code = interpreter().code_in(&memory, BASE + 0x100);
+        // The image ends before 100 MB: cut at MAX_NAME, which it holds.
+        let code = code.unwrap();
+        assert_eq!(code.name.chars().count(), MAX_NAME + 1);
+        assert!(code.name.ends_with('…'));
+        // Not a code object: its type is not PyCode_Type.
+        let mut other = interpreter();
+        other.code_type = Some(BASE + 8);
+        assert!(other.code_in(&memory, BASE + 0x100).is_err());
+        // Garbage everywhere: answers or errors, never a panic, and every
+        // loop in the thread walk ends.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for round in 0..300u64 {
+            let mut garbage = image(11, &[0xff; 16]);
+            for _ in 0..64 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let at = (seed as usize) % garbage.bytes.len();
+                garbage.bytes[at] = (seed >> 24) as u8;
+            }
+            let at = BASE + (seed % 0x4000);
+            for minor in 10..=14 {
+                let layout = Layout::table(minor).unwrap();
+                let interpreter = Interpreter {
+                    pid: 0,
+                    layout: layout.clone(),
+                    code_type: None,
+                };
+                if let Ok(code) = interpreter.code_in(&garbage, at) {
+                    let _ = interpreter.line(at, &code, seed ^ round);
+                }
+                let _ = threads::thread_states(&garbage, &layout, at, &HashMap::new());
+                let _ = Layout::from_debug_offsets(&garbage, at);
+            }
+        }
+    }
+}

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::layout::Layout;
-use crate::memory::ProcessMemory;
+use crate::memory::Memory;
 
 /// Interpreters followed per process (subinterpreters are rare).
 const MAX_INTERPRETERS: usize = 16;
@@ -38,30 +38,30 @@ pub struct ThreadState {
 /// `runtime`. `host_tids` maps the process's namespace thread ids to the
 /// host's (`namespace_tids`).
 pub fn thread_states(
-    memory: &ProcessMemory,
+    memory: &impl Memory,
     layout: &Layout,
     runtime: u64,
     host_tids: &HashMap<u32, u32>,
 ) -> std::io::Result<Vec<ThreadState>> {
     let mut states = Vec::new();
     let mut seen_interpreters = HashSet::new();
-    let mut interpreter = memory.u64(runtime + layout.runtime_interpreters_head)?;
+    let mut interpreter = memory.u64(runtime.wrapping_add(layout.runtime_interpreters_head))?;
     while interpreter != 0
         && seen_interpreters.len() < MAX_INTERPRETERS
         && seen_interpreters.insert(interpreter)
     {
         let mut seen = HashSet::new();
-        let mut thread = memory.u64(interpreter + layout.interpreter_threads_head)?;
+        let mut thread = memory.u64(interpreter.wrapping_add(layout.interpreter_threads_head))?;
         while thread != 0 && seen.len() < MAX_THREADS && seen.insert(thread) {
             let key = match layout.thread_native_id {
                 Some(offset) => {
-                    let id = memory.u64(thread + offset)?;
+                    let id = memory.u64(thread.wrapping_add(offset))?;
                     u32::try_from(id)
                         .ok()
                         .and_then(|id| host_tids.get(&id).copied())
                         .map(u64::from)
                 }
-                None => Some(memory.u64(thread + layout.thread_id)?),
+                None => Some(memory.u64(thread.wrapping_add(layout.thread_id))?),
             };
             if let Some(key) = key.filter(|&k| k != 0) {
                 states.push(ThreadState {
@@ -69,9 +69,9 @@ pub fn thread_states(
                     address: thread,
                 });
             }
-            thread = memory.u64(thread + layout.thread_next)?;
+            thread = memory.u64(thread.wrapping_add(layout.thread_next))?;
         }
-        interpreter = memory.u64(interpreter + layout.interpreter_next)?;
+        interpreter = memory.u64(interpreter.wrapping_add(layout.interpreter_next))?;
     }
     Ok(states)
 }
