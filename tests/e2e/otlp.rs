@@ -40,6 +40,8 @@ struct Sample {
     frame_types: Vec<String>,
     /// The mapping file of each location ("" for none), leaf first.
     files: Vec<String>,
+    /// Each function with its location's `profile.frame.type`, leaf first.
+    typed: Vec<(String, String)>,
     attributes: HashMap<String, String>,
     value: i64,
 }
@@ -91,12 +93,9 @@ fn decode(body: &[u8]) -> Vec<Resource> {
                         let mut frames = Vec::new();
                         let mut frame_types = Vec::new();
                         let mut files = Vec::new();
+                        let mut typed = Vec::new();
                         for &l in &stack.location_indices {
                             let location = &d.location_table[l as usize];
-                            for line in &location.lines {
-                                let f = &d.function_table[line.function_index as usize];
-                                frames.push(s(f.name_strindex));
-                            }
                             let kind = location
                                 .attribute_indices
                                 .iter()
@@ -104,6 +103,11 @@ fn decode(body: &[u8]) -> Vec<Resource> {
                                 .find(|(k, _)| k == "profile.frame.type")
                                 .map(|(_, v)| v)
                                 .unwrap_or_default();
+                            for line in &location.lines {
+                                let f = &d.function_table[line.function_index as usize];
+                                frames.push(s(f.name_strindex));
+                                typed.push((s(f.name_strindex), kind.clone()));
+                            }
                             frame_types.push(kind);
                             let mapping = &d.mapping_table[location.mapping_index as usize];
                             files.push(s(mapping.filename_strindex));
@@ -112,6 +116,7 @@ fn decode(body: &[u8]) -> Vec<Resource> {
                             frames,
                             frame_types,
                             files,
+                            typed,
                             attributes: sample
                                 .attribute_indices
                                 .iter()
@@ -311,6 +316,88 @@ fn otlp_over_http_protobuf_carries_resources_attributes_and_symbols() {
         "{text}"
     );
     assert!(agent.terminate(Duration::from_secs(20)).success());
+}
+
+/// Every frame says what it is, by what named it: a Python process's
+/// functions are `cpython`, a Go binary's `go` (its pclntab), C code
+/// `native` (the semantic conventions' values; `kernel` is checked with
+/// the C fixture above). The same windows reach the directory exporter
+/// with their Python frames, as `go tool pprof` reads them.
+#[test]
+fn otlp_frame_types_tell_python_go_and_native_apart() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let python = Running::start(
+        Path::new("/usr/bin/python3.11"),
+        &[
+            workspace_root()
+                .join("tests/fixtures/python/workload.py")
+                .to_str()
+                .unwrap(),
+            "20",
+            "tree",
+        ],
+    );
+    let go = Running::start(&build_go_fixture("1.27.3", "otlp-go", &[], &[]), &[]);
+    let windows = tempfile::tempdir().unwrap();
+    let receiver_port = free_port();
+    let receiver = HttpReceiver::start(receiver_port);
+    let port = free_port();
+    let mut agent = AgentRun::start(&[
+        "--pids",
+        &format!("{},{}", python.pid(), go.pid()),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--window",
+        "2s",
+        "--directory-path",
+        windows.path().to_str().unwrap(),
+        "--otlp-url",
+        &format!("http://127.0.0.1:{receiver_port}"),
+    ]);
+    agent.wait_ready(port);
+    let typed = |function: &str| {
+        let requests = receiver.requests.lock().unwrap();
+        requests.iter().find_map(|(_, _, body)| {
+            decode(body).iter().find_map(|r| {
+                r.samples.iter().find_map(|s| {
+                    s.typed
+                        .iter()
+                        .find(|(f, _)| f == function)
+                        .map(|(_, t)| t.clone())
+                })
+            })
+        })
+    };
+    for (function, expected) in [
+        ("leaf_a", "cpython"),
+        ("<module>", "cpython"),
+        ("main.hot", "go"),
+        ("runtime.goexit", "go"),
+        ("_start", "native"),
+    ] {
+        let found = wait_for(Duration::from_secs(30), || typed(function));
+        assert_eq!(
+            found.as_deref(),
+            Some(expected),
+            "{function}'s frame type\n{}",
+            agent.log()
+        );
+    }
+    assert!(agent.terminate(Duration::from_secs(20)).success());
+    let python_window = std::fs::read_dir(windows.path())
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().contains("python3.11"))
+        .find(|p| {
+            profiler_tests::pprof_raw::raw_stacks(p)
+                .iter()
+                .any(|s| s.has("leaf_a") && s.has("<module>"))
+        });
+    assert!(
+        python_window.is_some(),
+        "no window file of the Python service with its frames"
+    );
 }
 
 /// The grpcio receiver (tests/fixtures/otlp/grpc_receiver.py) in the venv
