@@ -165,6 +165,10 @@ fn guest() -> (Guest, HashMap<&'static str, PathBuf>) {
     for (name, path) in &binaries {
         guest.files.push((format!("/bin/{name}"), path.clone()));
     }
+    guest.files.push((
+        "/workload.py".into(),
+        workspace_root().join("tests/fixtures/python/workload.py"),
+    ));
     let mut script = String::from(
         r#"A=/bin/profiler-agent
 # profile NAME SECONDS COMMAND...: the agent on COMMAND's pid.
@@ -219,6 +223,16 @@ kill -INT $AG; wait $AG; rc=$?
 echo go >&3; exec 3>&-; wait $L
 cat /tmp/latency.out /tmp/hist.out /tmp/hist.err
 end latency $rc
+
+begin python
+/usr/bin/python3.11 /workload.py 120 tree > /tmp/py.out & P=$!
+wait_for /tmp/py.out ready
+$A --pid $P -F 97 -d 8s -o /tmp/python.pb.gz 2> /tmp/py.err
+rc=$?
+kill $P; wait $P 2>/dev/null
+cat /tmp/py.err
+file /tmp/python.pb.gz
+end python $rc
 
 begin off-cpu
 mkfifo /tmp/gate2
@@ -924,6 +938,75 @@ fn arm64_c_signal_handlers_unwind_into_the_interrupted_code() {
     assert_signal_frames_walked(&s.log);
 }
 
+/// Debian's arm64 python3.11 (stripped, the interpreter in the
+/// executable): Python frames in the fixture's call tree order, each
+/// caller at the line of its call (read from the script), the 7:3 leaves.
+#[test]
+fn arm64_python_frames_follow_the_script() {
+    let (s, _) = scenario("python");
+    assert!(
+        s.log.contains("Python: frames read in 1 processes"),
+        "{}",
+        s.log
+    );
+    let bytes = s
+        .files
+        .get("/tmp/python.pb.gz")
+        .unwrap_or_else(|| panic!("no profile came back:\n{}", s.log));
+    let script =
+        std::fs::read_to_string(workspace_root().join("tests/fixtures/python/workload.py"))
+            .unwrap();
+    let line_of = |needle: &str| {
+        script
+            .lines()
+            .position(|l| l.contains(needle))
+            .map(|i| i as u32 + 1)
+            .unwrap()
+    };
+    let (mut a, mut b, mut wrong) = (0i64, 0i64, 0i64);
+    for stack in profiler_tests::pprof_raw::RawProfile::of_bytes(bytes).lined_stacks() {
+        let python: Vec<(String, u32)> = stack
+            .frames
+            .iter()
+            .filter(|(l, _)| l.file.ends_with(".py"))
+            .map(|(l, _)| (l.function.clone(), l.line))
+            .collect();
+        let call = match python.first().map(|(f, _)| f.as_str()) {
+            Some("leaf_a") => {
+                a += stack.count;
+                line_of("leaf_a(700000)")
+            }
+            Some("leaf_b") => {
+                b += stack.count;
+                line_of("leaf_b(300000)")
+            }
+            _ => continue,
+        };
+        let callers: Vec<(&str, u32)> = python[1..].iter().map(|(f, l)| (f.as_str(), *l)).collect();
+        let expected = [
+            ("branch", call),
+            ("root", line_of("        branch()")),
+            ("main", line_of("        root(deadline)")),
+            ("<module>", line_of("    main()")),
+        ];
+        if callers != expected {
+            wrong += stack.count;
+        }
+    }
+    let total = a + b;
+    assert!(total >= 200, "{total} leaf samples:\n{}", s.log);
+    assert!(
+        wrong * 100 <= total,
+        "{wrong} of {total} out of the script's order"
+    );
+    let share = a as f64 / total as f64;
+    assert!(
+        (share - 0.7).abs() <= 0.08,
+        "leaf_a {:.1}% (7:3)",
+        share * 100.0
+    );
+}
+
 #[test]
 fn arm64_guest_ran_every_scenario() {
     let (result, _) = run();
@@ -941,6 +1024,7 @@ fn arm64_guest_ran_every_scenario() {
         "probes-list",
         "latency",
         "off-cpu",
+        "python",
         "symbolize-hot",
         "symbolize-go-1.27.3",
     ];

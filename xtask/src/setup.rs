@@ -78,8 +78,18 @@ const TEST_PACKAGES: &[&str] = &[
 ];
 
 /// The arm64 guest's userland (the kernel is linux-image-arm64's
-/// dependency), downloaded with `apt-get download`, never installed.
-const ARM64_GUEST_PACKAGES: &[&str] = &["busybox-static:arm64", "libc6:arm64", "libgcc-s1:arm64"];
+/// dependency), downloaded with `apt-get download`, never installed:
+/// busybox and glibc, and Debian's python3.11 for the Python scenario
+/// (the minimal packages hold the interpreter and the modules it needs).
+const ARM64_GUEST_PACKAGES: &[&str] = &[
+    "busybox-static:arm64",
+    "libc6:arm64",
+    "libgcc-s1:arm64",
+    "python3.11-minimal:arm64",
+    "libpython3.11-minimal:arm64",
+    "libexpat1:arm64",
+    "zlib1g:arm64",
+];
 
 pub fn ensure(tier: Tier) -> anyhow::Result<()> {
     let mut apt = Apt::default();
@@ -223,7 +233,10 @@ fn ensure_py_spy() -> anyhow::Result<()> {
 /// `.complete` marker says it is done.
 fn ensure_arm64_guest() -> anyhow::Result<()> {
     let dir = cache_dir()?.join("arm64");
-    if dir.join(".complete").exists() {
+    // The marker names the packages unpacked: a new package list unpacks
+    // the guest again.
+    let wanted = ARM64_GUEST_PACKAGES.join(" ");
+    if std::fs::read_to_string(dir.join(".complete")).is_ok_and(|done| done.contains(&wanted)) {
         return Ok(());
     }
     if !is_root() {
@@ -265,7 +278,7 @@ fn ensure_arm64_guest() -> anyhow::Result<()> {
         };
         run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&into))?;
     }
-    std::fs::write(dir.join(".complete"), format!("{kernel}\n"))?;
+    std::fs::write(dir.join(".complete"), format!("{kernel}\n{wanted}\n"))?;
     Ok(())
 }
 
