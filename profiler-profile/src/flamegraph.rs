@@ -22,6 +22,11 @@ pub fn encode(profile: &Profile) -> std::io::Result<Vec<u8>> {
             options.title = "Latency by where operations began".to_string();
             options.colors = Palette::Basic(BasicPalette::Io);
         }
+        ProfileKind::Heap => {
+            options.title = "Heap in use by where it was allocated".to_string();
+            options.colors = Palette::Basic(BasicPalette::Mem);
+        }
+        ProfileKind::Goroutine => options.title = "Goroutines".to_string(),
     }
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options, text.lines(), &mut svg)

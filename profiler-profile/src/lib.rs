@@ -29,6 +29,12 @@ pub enum ProfileKind {
     /// Operations at probe hits (`latency --stacks`): `count` operations
     /// began at the stack, and `off_cpu_ns` holds their total latency.
     Latency,
+    /// A heap profile, as Go's `runtime/pprof` writes one: each sample's
+    /// `values` are allocated objects and bytes, then objects and bytes in
+    /// use; `period_ns` holds the sampling rate in bytes.
+    Heap,
+    /// Goroutines by stack: each sample's `values` is one count.
+    Goroutine,
 }
 
 impl ProfileKind {
@@ -39,6 +45,8 @@ impl ProfileKind {
             ProfileKind::OffCpu => "microseconds off-CPU",
             ProfileKind::Wall => "microseconds of wall-clock time",
             ProfileKind::Latency => "microseconds of latency",
+            ProfileKind::Heap => "bytes in use",
+            ProfileKind::Goroutine => "goroutines",
         }
     }
 }
@@ -50,7 +58,8 @@ pub struct Profile {
     /// Wall-clock start, nanoseconds since the Unix epoch.
     pub start_unix_ns: i64,
     pub duration_ns: i64,
-    /// CPU time one sample stands for: 1e9 / frequency.
+    /// CPU time one sample stands for: 1e9 / frequency. (A heap profile's
+    /// period: its sampling rate in bytes; a goroutine profile's: 1.)
     pub period_ns: i64,
     pub mappings: Vec<Mapping>,
     pub functions: Vec<Function>,
@@ -145,6 +154,13 @@ pub struct Sample {
     pub off_cpu_ns: u64,
     /// String labels, e.g. ("pid", "1234"), ("comm", "nginx").
     pub labels: Vec<(String, String)>,
+    /// The sample's values for the kinds that have their own (`Heap`,
+    /// `Goroutine`); empty for the others, whose values are `count` and
+    /// `off_cpu_ns`.
+    pub values: Vec<i64>,
+    /// Numeric labels: (key, value, unit), e.g. ("bytes", 64, "bytes"), the
+    /// object size of a heap sample.
+    pub numeric_labels: Vec<(String, i64, String)>,
 }
 
 impl Sample {
@@ -179,6 +195,8 @@ impl Profile {
             ProfileKind::Cpu => sample.count,
             ProfileKind::OffCpu | ProfileKind::Latency => sample.off_cpu_ns,
             ProfileKind::Wall => self.wall_ns(sample),
+            ProfileKind::Heap => sample.values.get(3).copied().unwrap_or(0).max(0) as u64,
+            ProfileKind::Goroutine => sample.values.first().copied().unwrap_or(0).max(0) as u64,
         }
     }
 
@@ -186,7 +204,7 @@ impl Profile {
     /// microseconds, rounded).
     pub fn view_units(&self, total: u64) -> u64 {
         match self.kind {
-            ProfileKind::Cpu => total,
+            ProfileKind::Cpu | ProfileKind::Heap | ProfileKind::Goroutine => total,
             ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::Latency => (total + 500) / 1000,
         }
     }

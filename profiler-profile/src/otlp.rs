@@ -37,6 +37,11 @@ enum Values {
     Operations,
     /// Those operations' total latency (nanoseconds).
     Latency,
+    /// A heap profile's value `i` (allocated objects and bytes, objects
+    /// and bytes in use).
+    Heap(usize),
+    /// Goroutines (count).
+    Goroutines,
 }
 
 impl Values {
@@ -46,6 +51,13 @@ impl Values {
             ProfileKind::OffCpu => &[Values::Cpu, Values::OffCpu],
             ProfileKind::Wall => &[Values::Wall],
             ProfileKind::Latency => &[Values::Operations, Values::Latency],
+            ProfileKind::Heap => &[
+                Values::Heap(0),
+                Values::Heap(1),
+                Values::Heap(2),
+                Values::Heap(3),
+            ],
+            ProfileKind::Goroutine => &[Values::Goroutines],
         }
     }
 
@@ -54,6 +66,8 @@ impl Values {
             Values::Cpu | Values::Operations => sample.count as i64,
             Values::OffCpu | Values::Latency => sample.off_cpu_ns as i64,
             Values::Wall => profile.wall_ns(sample) as i64,
+            Values::Heap(i) => sample.values.get(i).copied().unwrap_or(0),
+            Values::Goroutines => sample.values.first().copied().unwrap_or(0),
         }
     }
 }
@@ -307,6 +321,17 @@ impl Builder {
                 ("cpu", "nanoseconds"),
                 profile.period_ns,
             ),
+            Values::Heap(i) => (
+                [
+                    ("alloc_objects", "count"),
+                    ("alloc_space", "bytes"),
+                    ("inuse_objects", "count"),
+                    ("inuse_space", "bytes"),
+                ][i.min(3)],
+                ("space", "bytes"),
+                profile.period_ns,
+            ),
+            Values::Goroutines => (("goroutine", "count"), ("goroutine", "count"), 1),
         };
         otlp::Profile {
             sample_type: Some(self.value_type(sample_type.0, sample_type.1)),
@@ -491,6 +516,7 @@ mod tests {
                     count: 7,
                     off_cpu_ns: 0,
                     labels: vec![("pid".into(), pid.into()), ("comm".into(), "app".into())],
+                    ..Default::default()
                 },
                 Sample {
                     locations: vec![2, 1, 0],
@@ -501,6 +527,7 @@ mod tests {
                         ("thread".into(), "worker".into()),
                         ("service_name".into(), "app2".into()),
                     ],
+                    ..Default::default()
                 },
             ],
             comments: vec![],

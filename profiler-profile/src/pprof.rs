@@ -57,9 +57,28 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
     } else {
         "samples"
     };
-    let mut sample_type = vec![value_type(&mut strings, counted, "count")];
+    let mut sample_type = match profile.kind {
+        // As runtime/pprof writes them: no "samples" first.
+        ProfileKind::Heap | ProfileKind::Goroutine => Vec::new(),
+        _ => vec![value_type(&mut strings, counted, "count")],
+    };
     let mut default_sample_type = 0;
     let period_type = match profile.kind {
+        ProfileKind::Heap => {
+            for (t, u) in [
+                ("alloc_objects", "count"),
+                ("alloc_space", "bytes"),
+                ("inuse_objects", "count"),
+                ("inuse_space", "bytes"),
+            ] {
+                sample_type.push(value_type(&mut strings, t, u));
+            }
+            value_type(&mut strings, "space", "bytes")
+        }
+        ProfileKind::Goroutine => {
+            sample_type.push(value_type(&mut strings, "goroutine", "count"));
+            value_type(&mut strings, "goroutine", "count")
+        }
         ProfileKind::Cpu => {
             sample_type.push(value_type(&mut strings, "cpu", "nanoseconds"));
             value_type(&mut strings, "cpu", "nanoseconds")
@@ -89,16 +108,15 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
             ProfileKind::OffCpu => vec![s.count as i64, cpu, s.off_cpu_ns as i64],
             ProfileKind::Wall => vec![s.count as i64, profile.wall_ns(s) as i64],
             ProfileKind::Latency => vec![s.count as i64, s.off_cpu_ns as i64],
+            ProfileKind::Heap | ProfileKind::Goroutine => s.values.clone(),
         }
     };
 
     let sample = profile
         .samples
         .iter()
-        .map(|s| proto::Sample {
-            location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
-            value: values(s),
-            label: s
+        .map(|s| {
+            let mut label: Vec<proto::Label> = s
                 .labels
                 .iter()
                 .map(|(k, v)| proto::Label {
@@ -106,7 +124,20 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
                     str: strings.get(v),
                     ..Default::default()
                 })
-                .collect(),
+                .collect();
+            for (k, n, unit) in &s.numeric_labels {
+                label.push(proto::Label {
+                    key: strings.get(k),
+                    num: *n,
+                    num_unit: strings.get(unit),
+                    ..Default::default()
+                });
+            }
+            proto::Sample {
+                location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
+                value: values(s),
+                label,
+            }
         })
         .collect();
 
@@ -273,6 +304,7 @@ mod tests {
                 count: 3,
                 off_cpu_ns: 0,
                 labels: vec![("pid".into(), "42".into()), ("comm".into(), "app".into())],
+                ..Default::default()
             }],
             comments: vec!["note".into()],
             stack_labels: Vec::new(),

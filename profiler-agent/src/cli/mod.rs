@@ -1,6 +1,8 @@
 //! The command line: parse, call the library, print. No profiling logic
 //! lives here.
 
+mod goroutines;
+mod heap;
 mod latency;
 mod probes;
 mod record;
@@ -57,6 +59,14 @@ enum Command {
     /// per service to a directory or Pyroscope, pulls on
     /// /debug/pprof/profile, health on /metrics.
     Run(Box<run::RunArgs>),
+    /// A Go process's heap profile, read from its memory (no change to
+    /// the program, no net/http/pprof needed), as its own
+    /// pprof.WriteHeapProfile writes it.
+    Heap(heap::HeapArgs),
+    /// A Go process's goroutines, read from its memory: its debug=2 dump
+    /// (state, wait reason and minutes, stack, creator), or the goroutine
+    /// profile.
+    Goroutines(goroutines::GoroutinesArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -216,7 +226,7 @@ impl RecordArgs {
     }
 }
 
-fn output_path(text: &str) -> Result<PathBuf, String> {
+pub(super) fn output_path(text: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(text);
     match Format::from_path(&path) {
         Some(_) => Ok(path),
@@ -239,6 +249,8 @@ pub fn main() -> ExitCode {
         Some(Command::Symbolize(args)) => symbolize::run(&args),
         Some(Command::Tables(args)) => tables::run(&args),
         Some(Command::Run(args)) => run::run(&args),
+        Some(Command::Heap(args)) => heap::run(&args),
+        Some(Command::Goroutines(args)) => goroutines::run(&args),
         None => record::run(&cli.record),
     };
     match result {

@@ -268,8 +268,11 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
     let symbolizer = &recording.symbolizer;
     let s = &symbolizer.stats;
     let off_cpu = match recording.kind {
-        // A recording is never of probe hits (see `latency --stacks`).
-        ProfileKind::Cpu | ProfileKind::Latency => String::new(),
+        // A recording is never of probe hits (see `latency --stacks`),
+        // of a heap or of goroutines.
+        ProfileKind::Cpu | ProfileKind::Latency | ProfileKind::Heap | ProfileKind::Goroutine => {
+            String::new()
+        }
         ProfileKind::OffCpu | ProfileKind::Wall => format!(
             " and {:.3}s off-CPU",
             profile.total_off_cpu_ns() as f64 / 1e9

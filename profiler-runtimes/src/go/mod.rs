@@ -9,13 +9,16 @@
 //!   switches (cgo calls and callbacks, signal handlers, the scheduler);
 //! - [`labels`]: where the runtime keeps goroutines and their pprof
 //!   labels, and the thread that tells the BPF program for each Go
-//!   process, which copies the running goroutine's labels into samples.
+//!   process, which copies the running goroutine's labels into samples;
+//! - [`state`]: the runtime's heap profile and goroutines, read from a
+//!   process's memory.
 //!
 //! [`GO`] plugs the first two into the symbolizer and the unwind-table
 //! builder.
 
 pub mod labels;
 pub mod pclntab;
+pub mod state;
 pub mod unwind;
 
 use std::sync::Arc;

@@ -186,6 +186,7 @@ pub fn build_profile_of<'a>(
                 count: counts.samples,
                 off_cpu_ns: counts.blocked_ns,
                 labels,
+                ..Sample::default()
             });
             continue;
         }
@@ -196,6 +197,7 @@ pub fn build_profile_of<'a>(
                 count: counts.samples,
                 off_cpu_ns: 0,
                 labels: labels.clone(),
+                ..Sample::default()
             });
         }
         if counts.off_cpu_ns() == 0 {
@@ -238,6 +240,7 @@ pub fn build_profile_of<'a>(
                 count: 0,
                 off_cpu_ns: ns,
                 labels,
+                ..Sample::default()
             });
         }
     }

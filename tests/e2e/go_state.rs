@@ -1,0 +1,453 @@
+//! The Go runtime's own state, read from outside: `profiler-agent heap`
+//! and `profiler-agent goroutines` against what the program itself writes
+//! at the same instant (`pprof.WriteHeapProfile`, the goroutine profile's
+//! `debug=2` dump and `debug=0` profile), on every toolchain the tests
+//! install, and on stripped and PIE builds whose runtime variables are
+//! found from code alone.
+//!
+//! The fixture (tests/fixtures/go_state) allocates at known sites, parks
+//! goroutines in known states (channel receive, mutex, sleep, select, a
+//! system call, locked to its thread, under pprof labels), runs with
+//! GOGC=off and one explicit GC so nothing moves, writes its own views,
+//! then the file `ready`, and waits.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use profiler_tests::pprof_raw::RawProfile;
+use profiler_tests::{agent::*, go::*, processes::*};
+
+/// A build of the fixture: toolchain, flags and environment.
+struct Build {
+    version: &'static str,
+    name: &'static str,
+    flags: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+    /// `runtime.MemProfileRate` the program sets (None: Go's default,
+    /// 512 KiB).
+    rate: Option<&'static str>,
+}
+
+const PLAIN: &[&str] = &[];
+const STRIPPED: &[&str] = &["-ldflags=-s -w"];
+const STRIPPED_PIE: &[&str] = &["-ldflags=-s -w", "-buildmode=pie"];
+/// cgo: the runtime's threads are the C library's, the binary linked by
+/// the system linker (its own section layout and symbol table).
+const CGO: &[&str] = &["-ldflags=-linkmode=external"];
+const CGO_STRIPPED: &[&str] = &["-ldflags=-linkmode=external -s -w"];
+const NO_ENV: &[(&str, &str)] = &[];
+const CGO_ENV: &[(&str, &str)] = &[("CGO_ENABLED", "1")];
+
+const fn build(version: &'static str, rate: Option<&'static str>) -> Build {
+    Build {
+        version,
+        name: "plain",
+        flags: PLAIN,
+        env: NO_ENV,
+        rate,
+    }
+}
+
+/// Every toolchain, plain; stripped, PIE and cgo builds of the oldest and
+/// newest layouts. Some sample every allocation, some at Go's default.
+const BUILDS: &[Build] = &[
+    build("1.19", None),
+    build("1.21.13", Some("1")),
+    build("1.22.10", None),
+    build("1.23.9", Some("1")),
+    build("1.24.11", Some("1")),
+    build("1.25.5", None),
+    build("1.26.6", Some("1")),
+    build("1.27.3", Some("1")),
+    Build {
+        name: "stripped",
+        flags: STRIPPED,
+        ..build("1.19", Some("1"))
+    },
+    Build {
+        name: "stripped-pie",
+        flags: STRIPPED_PIE,
+        ..build("1.27.3", None)
+    },
+    Build {
+        name: "stripped-pie",
+        flags: STRIPPED_PIE,
+        ..build("1.23.9", Some("1"))
+    },
+    Build {
+        name: "cgo",
+        flags: CGO,
+        env: CGO_ENV,
+        ..build("1.21.13", Some("1"))
+    },
+    Build {
+        name: "cgo-stripped",
+        flags: CGO_STRIPPED,
+        env: CGO_ENV,
+        ..build("1.27.3", Some("1"))
+    },
+];
+
+/// The fixture, built and settled, with its own views in `dir`.
+struct Settled {
+    process: Running,
+    dir: tempfile::TempDir,
+    label: String,
+}
+
+impl Settled {
+    fn start(build: &Build) -> Settled {
+        let dir = tempfile::tempdir().unwrap();
+        let binary = dir
+            .path()
+            .join(format!("state-{}-{}", build.version, build.name));
+        let mut args = vec!["build", "-o", binary.to_str().unwrap()];
+        args.extend(build.flags);
+        args.push(".");
+        go_command(
+            &go_toolchain(build.version),
+            &workspace_root().join("tests/fixtures/go_state"),
+            &args,
+            build.env,
+        );
+        let mut command = std::process::Command::new(&binary);
+        command.arg(dir.path()).env("GOGC", "off");
+        if let Some(rate) = build.rate {
+            command.env("RATE", rate);
+        }
+        let process = Running::spawn(command);
+        let ready = dir.path().join("ready");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !ready.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "the fixture never wrote {}",
+                ready.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Settled {
+            process,
+            dir,
+            label: format!("Go {} {}", build.version, build.name),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn pid(&self) -> String {
+        self.process.pid().to_string()
+    }
+}
+
+/// Per leaf function of the program (`main.*`), the sum of sample value
+/// `index`.
+fn by_leaf(profile: &RawProfile, index: usize) -> BTreeMap<String, i64> {
+    let mut sums = BTreeMap::new();
+    for (stack, sample) in profile.lined_stacks().iter().zip(&profile.samples) {
+        let Some((leaf, _)) = stack.frames.first() else {
+            continue;
+        };
+        if leaf.function.starts_with("main.") {
+            *sums.entry(leaf.function.clone()).or_default() += sample.values[index];
+        }
+    }
+    sums
+}
+
+#[test]
+fn heap_profile_matches_the_programs_own() {
+    for build in BUILDS {
+        let settled = Settled::start(build);
+        let ours = settled.path("ours.pb.gz");
+        let report = record(&[
+            "heap",
+            "--pid",
+            &settled.pid(),
+            "-o",
+            ours.to_str().unwrap(),
+        ]);
+        let theirs = RawProfile::read(&settled.path("heap.pb.gz"));
+        let ours_raw = RawProfile::read(&ours);
+        let label = &settled.label;
+        assert_eq!(
+            ours_raw.sample_types, theirs.sample_types,
+            "{label}: sample types\n{report}"
+        );
+        assert_eq!(
+            ours_raw.period, theirs.period,
+            "{label}: period (MemProfileRate)"
+        );
+        // alloc_objects, alloc_space, inuse_objects, inuse_space per
+        // allocating function of the program: the same numbers (the
+        // program's own profile and ours read the same records; GOGC=off
+        // keeps them still).
+        // At Go's default rate a small site may go unsampled; at rate 1
+        // every allocation is recorded.
+        let sites: &[&str] = match build.rate {
+            Some("1") => &[
+                "main.cacheResponse",
+                "main.addEntries",
+                "main.renderPage",
+                "main.newBuffer",
+            ],
+            _ => &["main.cacheResponse"],
+        };
+        for index in 0..4 {
+            let (a, b) = (by_leaf(&ours_raw, index), by_leaf(&theirs, index));
+            assert!(
+                sites.iter().all(|site| a.contains_key(*site)),
+                "{label}: allocation sites missing from ours: {a:?}\n{report}"
+            );
+            assert_eq!(
+                a, b,
+                "{label}: {} by function, ours then the program's",
+                theirs.sample_types[index]
+            );
+        }
+        // The inlined allocation keeps its caller as a line of the same
+        // location, as in the program's profile.
+        if build.rate == Some("1") {
+            let inlined = ours_raw
+                .lined_stacks()
+                .into_iter()
+                .find(|s| {
+                    s.frames
+                        .first()
+                        .is_some_and(|(l, _)| l.function == "main.newBuffer")
+                })
+                .unwrap_or_else(|| panic!("{label}: no stack allocates in main.newBuffer"));
+            let names: Vec<&str> = inlined
+                .frames
+                .iter()
+                .map(|(l, _)| l.function.as_str())
+                .collect();
+            assert_eq!(
+                &names[..3],
+                ["main.newBuffer", "main.bufferRequests", "main.main"],
+                "{label}: the inlined allocation's stack"
+            );
+        }
+        assert!(report.contains("in use"), "{label}: {report}");
+    }
+}
+
+/// A `debug=2` dump as goroutine id → its text, with each frame's
+/// arguments (run-specific values that we do not read) reduced to
+/// `(...)`.
+fn dump_by_goroutine(text: &str) -> HashMap<u64, String> {
+    let mut goroutines = HashMap::new();
+    for block in text.split("\n\n") {
+        let Some(id) = block
+            .strip_prefix("goroutine ")
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|id| id.parse().ok())
+        else {
+            continue;
+        };
+        let lines: Vec<String> = block
+            .lines()
+            .map(|line| {
+                if line.starts_with('\t')
+                    || line.starts_with("goroutine ")
+                    || line.starts_with("created by")
+                {
+                    return line.to_string();
+                }
+                match arguments_start(line) {
+                    Some(open) => format!("{}(...)", &line[..open]),
+                    None => line.to_string(),
+                }
+            })
+            .collect();
+        goroutines.insert(id, lines.join("\n").trim_end().to_string());
+    }
+    goroutines
+}
+
+/// Where a frame line's argument list begins: the '(' matching its last
+/// ')'.
+fn arguments_start(line: &str) -> Option<usize> {
+    if !line.ends_with(')') {
+        return None;
+    }
+    let mut depth = 0;
+    for (i, c) in line.char_indices().rev() {
+        match c {
+            ')' => depth += 1,
+            '(' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+#[test]
+fn goroutine_dump_matches_debug_2() {
+    for build in BUILDS {
+        let settled = Settled::start(build);
+        let output = run_agent(&["goroutines", "--pid", &settled.pid()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{}: {stderr}", settled.label);
+        let ours = dump_by_goroutine(&String::from_utf8_lossy(&output.stdout));
+        let theirs =
+            dump_by_goroutine(&std::fs::read_to_string(settled.path("goroutines.txt")).unwrap());
+        let label = &settled.label;
+        // Every goroutine but main (which wrote its dump while running and
+        // sleeps now) parked for good before the program wrote its dump.
+        let mut compared = 0;
+        for (id, text) in &theirs {
+            if *id == 1 {
+                continue;
+            }
+            let mine = ours.get(id).unwrap_or_else(|| {
+                panic!("{label}: goroutine {id} is missing from ours:\n{stderr}")
+            });
+            assert_eq!(
+                mine, text,
+                "{label}: goroutine {id}, ours then the program's"
+            );
+            compared += 1;
+        }
+        assert_eq!(compared, 9, "{label}: goroutines compared: {theirs:#?}");
+        assert!(ours.contains_key(&1), "{label}: the main goroutine");
+        assert!(stderr.contains(": 10 goroutines ("), "{label}: {stderr}");
+    }
+}
+
+#[test]
+fn goroutine_profile_counts_as_the_programs() {
+    for build in &BUILDS[..1] {
+        let settled = Settled::start(build);
+        let ours = settled.path("ours-goroutines.pb.gz");
+        record(&[
+            "goroutines",
+            "--pid",
+            &settled.pid(),
+            "-o",
+            ours.to_str().unwrap(),
+        ]);
+        let count = |profile: &RawProfile,
+                     pick: &dyn Fn(&profiler_tests::pprof_raw::LinedStack) -> bool|
+         -> i64 {
+            profile
+                .lined_stacks()
+                .iter()
+                .filter(|s| pick(s))
+                .map(|s| s.count)
+                .sum()
+        };
+        let (ours, theirs) = (
+            RawProfile::read(&ours),
+            RawProfile::read(&settled.path("goroutines.pb.gz")),
+        );
+        assert_eq!(ours.sample_types, theirs.sample_types);
+        let waiting = |s: &profiler_tests::pprof_raw::LinedStack| {
+            s.frames
+                .iter()
+                .any(|(l, _)| l.function == "main.waitForWork")
+        };
+        assert_eq!(
+            count(&ours, &waiting),
+            count(&theirs, &waiting),
+            "goroutines in main.waitForWork"
+        );
+        assert_eq!(count(&ours, &waiting), 5);
+        let labelled = |s: &profiler_tests::pprof_raw::LinedStack| {
+            s.labels.get("endpoint").map(String::as_str) == Some("/checkout")
+                && s.labels.get("tenant").map(String::as_str) == Some("a b")
+        };
+        assert_eq!(
+            count(&ours, &labelled),
+            1,
+            "the goroutine started under pprof.Do"
+        );
+        assert_eq!(count(&theirs, &labelled), 1);
+        // Runtime frames are kept, as in Go's own goroutine profile.
+        let parked = ours
+            .lined_stacks()
+            .into_iter()
+            .find(|s| waiting(s))
+            .unwrap();
+        assert!(
+            parked
+                .frames
+                .iter()
+                .any(|(l, _)| l.function == "runtime.gopark"),
+            "{:?}",
+            parked.frames
+        );
+    }
+}
+
+#[test]
+fn a_program_without_memory_profiling_is_told_so() {
+    // The plain Go fixture references no heap profile: the linker turned
+    // memory profiling off.
+    let binary = build_go_fixture("1.27.3", "nopprof", &[], &[]);
+    let process = Running::start(&binary, &[]);
+    let output = run_agent(&[
+        "heap",
+        "--pid",
+        &process.pid().to_string(),
+        "-o",
+        "/tmp/unused.pb.gz",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("memory profiling is disabled in this binary"),
+        "{stderr}"
+    );
+    // Its goroutines are still there to read.
+    let output = run_agent(&["goroutines", "--pid", &process.pid().to_string()]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Its main goroutine computes: running, on a thread of the process.
+    assert!(stdout.starts_with("goroutine 1 [running]:\n"), "{stdout}");
+    let thread = stdout
+        .split("(thread ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("no thread named: {stdout}"));
+    let tasks = format!("/proc/{}/task/{thread}", process.pid());
+    assert!(
+        Path::new(&tasks).exists(),
+        "thread {thread} is not one of the process's: {stdout}"
+    );
+}
+
+#[test]
+fn a_process_that_is_not_go_is_named() {
+    let process = Running::start(Path::new("/bin/sleep"), &["30"]);
+    let pid = process.pid().to_string();
+    for command in ["heap", "goroutines"] {
+        let output = run_agent(&[command, "--pid", &pid]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success());
+        assert!(
+            stderr.contains(&format!(
+                "process {pid} (/usr/bin/sleep) is not a Go program"
+            )),
+            "{stderr}"
+        );
+    }
+    let output = run_agent(&["heap", "--pid", "999999999"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("process 999999999") && stderr.contains("is the process running?"),
+        "{stderr}"
+    );
+}
