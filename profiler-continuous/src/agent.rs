@@ -19,7 +19,9 @@ use profiler_common::Counter;
 use profiler_export::directory::DirectoryExporter;
 use profiler_export::otlp::OtlpExporter;
 use profiler_export::pyroscope::PyroscopeExporter;
-use profiler_export::server::{PullRequest, Server};
+use profiler_export::server::{PullKind, PullRequest, Server};
+
+use crate::heaps::GoHeaps;
 use profiler_export::{Batch, ExporterHandle, Metrics, ServiceProfile};
 use profiler_profile::Profile;
 use profiler_sampling::record::{
@@ -181,6 +183,8 @@ pub struct Agent {
     exporters: Vec<ExporterHandle>,
     server: Option<Server>,
     pull_requests: Receiver<PullRequest>,
+    /// Go heap profiles, unless `go_heap = false`.
+    heaps: Option<GoHeaps>,
     summary: RunSummary,
 }
 
@@ -253,6 +257,7 @@ impl Agent {
             listen = %server.as_ref().map_or("off".to_string(), |s| s.addr.to_string()),
             "profiling"
         );
+        let heaps = config.go_heap.then(GoHeaps::default);
         Ok(Agent {
             window_deadline: Instant::now() + config.window,
             config,
@@ -270,6 +275,7 @@ impl Agent {
             exporters,
             server,
             pull_requests,
+            heaps,
             summary: RunSummary::default(),
         })
     }
@@ -314,6 +320,20 @@ impl Agent {
     }
 
     fn start_pull(&mut self, request: PullRequest) {
+        if request.kind == PullKind::Heap {
+            let answer = match &mut self.heaps {
+                Some(heaps) => heaps
+                    .now(request.pid, request.service.as_deref(), &mut self.meta)
+                    .and_then(|mut profile| {
+                        self.meta.label(&mut profile, &self.node);
+                        profiler_profile::pprof::encode_gzip(&profile)
+                            .map_err(|e| format!("encoding the profile: {e}"))
+                    }),
+                None => Err("Go heap profiles are off in this run (go_heap = false)".into()),
+            };
+            let _ = request.reply.send(answer);
+            return;
+        }
         // Samples so far belong to the open windows, not to this pull.
         self.flush();
         self.pulls.push(Pull {
@@ -455,6 +475,7 @@ impl Agent {
             &self.metrics,
             &mut self.summary,
             &mut self.probes,
+            self.heaps.as_mut(),
         );
     }
 
@@ -638,6 +659,7 @@ fn export_window(
     metrics: &Metrics,
     summary: &mut RunSummary,
     probes: &mut ProbeHistograms,
+    heaps: Option<&mut GoHeaps>,
 ) {
     let build_started = Instant::now();
     let accumulator = std::mem::replace(window, Accumulator::new());
@@ -650,6 +672,8 @@ fn export_window(
         frequency_hz: config.frequency_hz,
         kind: config.profile_kind(),
     };
+    let sampled: std::collections::HashSet<u32> =
+        accumulator.stacks.keys().map(|k| k.pid).collect();
     let mut groups: HashMap<String, HashMap<StackKey, StackCounts>> = HashMap::new();
     for (key, count) in accumulator.stacks {
         let service = meta.service(key.pid);
@@ -693,6 +717,11 @@ fn export_window(
         });
     }
     profiles.extend(probe_profiles(probes, meta, node, &profile_window));
+    if let Some(heaps) = heaps {
+        profiles.extend(heap_profiles(heaps, &sampled, meta, node, &profile_window));
+        metrics.go_heaps_read.store(heaps.read, Relaxed);
+        metrics.go_heaps_failed.store(heaps.failed, Relaxed);
+    }
     metrics.windows.fetch_add(1, Relaxed);
     metrics
         .window_build_micros
@@ -809,6 +838,36 @@ fn probe_profiles(
         }
     }
     probes.end_stack_window();
+    profiles
+}
+
+/// Each Go service's heap over the window (`memory`).
+fn heap_profiles(
+    heaps: &mut GoHeaps,
+    sampled: &std::collections::HashSet<u32>,
+    meta: &mut MetadataCache,
+    node: &str,
+    window: &ProfileWindow,
+) -> Vec<ServiceProfile> {
+    let mut profiles = Vec::new();
+    for mut heap in heaps.window(sampled, meta, window.started, window.elapsed) {
+        meta.label(&mut heap.profile, node);
+        let pprof = match profiler_profile::pprof::encode_gzip(&heap.profile) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::warn!(service = %heap.service, "encoding a heap profile failed: {error}");
+                continue;
+            }
+        };
+        let labels = series_labels(meta, &heap.service, &heap.pids, node);
+        profiles.push(ServiceProfile {
+            name: profiler_export::MEMORY_PROFILE.into(),
+            service: heap.service,
+            labels,
+            pprof: Arc::new(pprof),
+            profile: Arc::new(heap.profile),
+        });
+    }
     profiles
 }
 

@@ -103,6 +103,10 @@ pub struct Config {
     /// Python frames (function, file, line) in the stacks of CPython
     /// processes, interleaved with their native frames.
     pub python: bool,
+    /// Go services' heap profiles, read from their memory each window
+    /// (allocations in the window, memory in use at its end): the
+    /// `memory` profile, and `/debug/pprof/heap`.
+    pub go_heap: bool,
     /// Who may use the listener (see `export::auth`).
     pub auth: profiler_export::auth::AuthConfig,
     /// Probes whose latency histograms `/metrics` exports (`[[probes]]`;
@@ -227,6 +231,7 @@ impl Default for Config {
             debuginfod: DebuginfodSection::default(),
             go_labels: GoLabelsSection::default(),
             python: true,
+            go_heap: true,
             auth: Default::default(),
             probes: Vec::new(),
         }

@@ -12,6 +12,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod heaps;
 pub mod kubernetes;
 pub mod metadata;
 pub mod probes;

@@ -1,8 +1,8 @@
 //! A directory of pprof files, one per profile and service per window
-//! (`cpu-<service>-<ms>.pb.gz`, `probe_<name>-<service>-<ms>.pb.gz`), with
-//! bounded
-//! retention: after each write the oldest files go until at most
-//! `max_files` files and `max_bytes` bytes remain.
+//! (`cpu-<service>-<ms>.pb.gz`, `memory-<service>-<ms>.pb.gz`,
+//! `probe_<name>-<service>-<ms>.pb.gz`), with bounded retention: after
+//! each write the oldest files go until at most `max_files` files and
+//! `max_bytes` bytes remain.
 
 use serde::Deserialize;
 
@@ -12,8 +12,9 @@ use std::time::UNIX_EPOCH;
 use crate::{Batch, ExportError, Exporter};
 
 /// Files this exporter owns (retention never touches anything else):
-/// `cpu-...` (the CPU profile) and `probe_<name>-...` (a probe's stacks).
-const PREFIXES: [&str; 2] = ["cpu-", "probe_"];
+/// `cpu-...` (the CPU profile), `memory-...` (Go heaps) and
+/// `probe_<name>-...` (a probe's stacks).
+const PREFIXES: [&str; 3] = ["cpu-", "memory-", "probe_"];
 const SUFFIX: &str = ".pb.gz";
 
 pub struct DirectoryExporter {

@@ -28,6 +28,10 @@ pub use queue::{Exporter, ExporterHandle};
 /// What the sampled CPU profile is called ([`ServiceProfile::name`]).
 pub const CPU_PROFILE: &str = "cpu";
 
+/// What Go heap profiles are called: Pyroscope's name for them (its
+/// `memory:alloc_space:bytes:space:bytes` and the other three types).
+pub const MEMORY_PROFILE: &str = "memory";
+
 /// The name of a configured probe's profile of operations at its hits.
 pub fn probe_profile_name(probe: &str) -> String {
     format!("probe_{probe}")
@@ -38,7 +42,8 @@ pub fn probe_profile_name(probe: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct ServiceProfile {
     /// What the profile measures: [`CPU_PROFILE`] for the sampled profile,
-    /// [`probe_profile_name`] for a configured probe's stacks. Names
+    /// [`MEMORY_PROFILE`] for Go heaps, [`probe_profile_name`] for a
+    /// configured probe's stacks. Names
     /// directory files (`<name>-<service>-<ms>.pb.gz`) and Pyroscope's
     /// `__name__` (`process_cpu` for the CPU profile).
     pub name: String,

@@ -69,6 +69,9 @@ pub struct Metrics {
     pub sampler_restarts: AtomicU64,
     pub pulls_served: AtomicU64,
     pub pulls_rejected: AtomicU64,
+    /// Go heaps read for `memory` profiles, and reads that failed.
+    pub go_heaps_read: AtomicU64,
+    pub go_heaps_failed: AtomicU64,
     /// Connections closed at once because `MAX_CONNECTIONS` were open.
     pub connections_refused: AtomicU64,
     pub connections_open: AtomicU64,
@@ -187,8 +190,18 @@ impl Metrics {
             ),
             (
                 "profiler_agent_pulls_total",
-                "Profiles served on /debug/pprof/profile.",
+                "Profiles served on /debug/pprof/profile and /debug/pprof/heap.",
                 l(&self.pulls_served),
+            ),
+            (
+                "profiler_agent_go_heaps_read_total",
+                "Go heaps read from processes' memory for memory profiles.",
+                l(&self.go_heaps_read),
+            ),
+            (
+                "profiler_agent_go_heaps_failed_total",
+                "Go heap reads that failed (the process changed or refused; see the log).",
+                l(&self.go_heaps_failed),
             ),
             (
                 "profiler_agent_pulls_rejected_total",

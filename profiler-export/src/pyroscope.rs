@@ -62,6 +62,14 @@ pub fn push_request(batch: &Batch) -> proto::PushRequest {
                 name: "__name__".into(),
                 value: name,
             }];
+            // A heap's allocations are per window already: Pyroscope must
+            // not take differences again (as for Alloy's memory profiles).
+            if profile.name == crate::MEMORY_PROFILE {
+                labels.push(proto::LabelPair {
+                    name: "__delta__".into(),
+                    value: "false".into(),
+                });
+            }
             labels.extend(profile.labels.iter().map(|(name, value)| proto::LabelPair {
                 name: name.clone(),
                 value: value.clone(),

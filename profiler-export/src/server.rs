@@ -1,5 +1,7 @@
 //! The pull endpoints, on a bounded HTTP server:
 //!
+//! - `/debug/pprof/heap[?pid=P][&service=S]`: the Go heap profiles of the
+//!   matching processes now, read from their memory;
 //! - `/debug/pprof/profile?seconds=N[&pid=P][&service=S]`: a gzip pprof of
 //!   the next N seconds (the path `go tool pprof`, Parca and Pyroscope
 //!   scrape), built by the run loop;
@@ -48,9 +50,22 @@ const AUTH_THREADS: usize = 4;
 /// (building a large window's profiles takes a few seconds at most).
 const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A pull the run loop serves: the stacks of the next `seconds` seconds
-/// that match the filters, as a gzip pprof.
+/// What a pull asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullKind {
+    /// `/debug/pprof/profile`: the stacks of the next `seconds` seconds.
+    Cpu,
+    /// `/debug/pprof/heap`: the Go heap profiles now, as a Go program's own
+    /// `/debug/pprof/heap` answers (allocations since the process
+    /// started, in use now).
+    Heap,
+}
+
+/// A pull the run loop serves, as a gzip pprof: the stacks of the next
+/// `seconds` seconds that match the filters, or the matching Go
+/// processes' heaps.
 pub struct PullRequest {
+    pub kind: PullKind,
     pub seconds: u64,
     pub pid: Option<u32>,
     pub service: Option<String>,
@@ -307,11 +322,12 @@ async fn route<B>(request: &Request<B>, state: &Arc<State>, client_certificate: 
                 )
             };
         }
-        "/metrics" | "/debug/pprof/profile" => {}
+        "/metrics" | "/debug/pprof/profile" | "/debug/pprof/heap" => {}
         _ => {
             return text(
                 StatusCode::NOT_FOUND,
-                "not found: try /debug/pprof/profile?seconds=N, /metrics, /healthz, /readyz\n",
+                "not found: try /debug/pprof/profile?seconds=N, /debug/pprof/heap, /metrics, \
+                 /healthz, /readyz\n",
             );
         }
     }
@@ -341,7 +357,12 @@ async fn route<B>(request: &Request<B>, state: &Arc<State>, client_certificate: 
             "too many profiles requested at once; retry later\n",
         );
     }
-    let answer = serve_pull(pull, state).await;
+    let kind = if path == "/debug/pprof/heap" {
+        PullKind::Heap
+    } else {
+        PullKind::Cpu
+    };
+    let answer = serve_pull(kind, pull, state).await;
     state.pulls_in_flight.fetch_sub(1, Relaxed);
     answer
 }
@@ -432,11 +453,16 @@ pub fn parse_pull(query: &str, max_seconds: u64) -> Result<PullQuery, String> {
     Ok(pull)
 }
 
-async fn serve_pull(query: PullQuery, state: &Arc<State>) -> Answer {
+async fn serve_pull(kind: PullKind, query: PullQuery, state: &Arc<State>) -> Answer {
     let metrics = &state.metrics;
     let (reply, answer) = oneshot::channel();
-    let seconds = query.seconds;
+    // A heap is read at once: no seconds to wait.
+    let seconds = match kind {
+        PullKind::Cpu => query.seconds,
+        PullKind::Heap => 0,
+    };
     let sent = state.pulls.send(PullRequest {
+        kind,
         seconds,
         pid: query.pid,
         service: query.service,

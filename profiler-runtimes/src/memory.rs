@@ -130,6 +130,35 @@ impl Memory for ProcessMemory {
     }
 }
 
+impl ProcessMemory {
+    /// Writes `bytes` at `address` in the process (`process_vm_writev`):
+    /// only for what the user asked to change in it.
+    pub fn write(&self, address: u64, bytes: &[u8]) -> io::Result<()> {
+        let local = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: bytes.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: address as usize as *mut libc::c_void,
+            iov_len: bytes.len(),
+        };
+        // SAFETY: `local` describes `bytes`, which the kernel only reads;
+        // it checks the remote range in the target.
+        let written =
+            unsafe { libc::process_vm_writev(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if written < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if written as usize != bytes.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{written} of {} bytes written at {address:#x}", bytes.len()),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// An image of memory: `bytes` at `base`, nothing elsewhere.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ImageMemory {

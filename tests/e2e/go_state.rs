@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use profiler_tests::pprof_raw::RawProfile;
-use profiler_tests::{agent::*, go::*, processes::*};
+use profiler_tests::{agent::*, go::*, http::*, processes::*};
 
 /// A build of the fixture: toolchain, flags and environment.
 struct Build {
@@ -98,21 +98,31 @@ struct Settled {
 
 impl Settled {
     fn start(build: &Build) -> Settled {
+        Settled::start_with(build, &[], &[])
+    }
+
+    /// The fixture with more arguments (after its directory) and
+    /// environment.
+    fn start_with(build: &Build, args: &[&str], env: &[(&str, &str)]) -> Settled {
         let dir = tempfile::tempdir().unwrap();
         let binary = dir
             .path()
             .join(format!("state-{}-{}", build.version, build.name));
-        let mut args = vec!["build", "-o", binary.to_str().unwrap()];
-        args.extend(build.flags);
-        args.push(".");
+        let mut build_args = vec!["build", "-o", binary.to_str().unwrap()];
+        build_args.extend(build.flags);
+        build_args.push(".");
         go_command(
             &go_toolchain(build.version),
             &workspace_root().join("tests/fixtures/go_state"),
-            &args,
+            &build_args,
             build.env,
         );
         let mut command = std::process::Command::new(&binary);
-        command.arg(dir.path()).env("GOGC", "off");
+        command
+            .arg(dir.path())
+            .args(args)
+            .env("GOGC", "off")
+            .envs(env.iter().copied());
         if let Some(rate) = build.rate {
             command.env("RATE", rate);
         }
@@ -294,7 +304,14 @@ fn arguments_start(line: &str) -> Option<usize> {
 fn goroutine_dump_matches_debug_2() {
     for build in BUILDS {
         let settled = Settled::start(build);
-        let output = run_agent(&["goroutines", "--pid", &settled.pid()]);
+        // Read while it runs, and (two of the builds) stopped.
+        let stop = build.version == "1.21.13" || build.name == "stripped-pie";
+        let pid = settled.pid();
+        let mut args = vec!["goroutines", "--pid", pid.as_str()];
+        if stop {
+            args.push("--stop");
+        }
+        let output = run_agent(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{}: {stderr}", settled.label);
         let ours = dump_by_goroutine(&String::from_utf8_lossy(&output.stdout));
@@ -407,6 +424,23 @@ fn a_program_without_memory_profiling_is_told_so() {
         stderr.contains("memory profiling is disabled in this binary"),
         "{stderr}"
     );
+    // Turned on on request, it says what it did, and records from then.
+    let output = run_agent(&[
+        "heap",
+        "--pid",
+        &process.pid().to_string(),
+        "--set-mem-profile-rate",
+        "1",
+        "-o",
+        "/tmp/unused.pb.gz",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("set runtime.MemProfileRate of process") && stderr.contains("from 0 to 1"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("sampled every 1 B allocated"), "{stderr}");
     // Its goroutines are still there to read.
     let output = run_agent(&["goroutines", "--pid", &process.pid().to_string()]);
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -427,6 +461,31 @@ fn a_program_without_memory_profiling_is_told_so() {
         Path::new(&tasks).exists(),
         "thread {thread} is not one of the process's: {stdout}"
     );
+    // Stopped, its running goroutine's stack comes from its thread's
+    // registers; then it runs on (not left in a ptrace stop).
+    let output = run_agent(&["goroutines", "--pid", &process.pid().to_string(), "--stop"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("stopped process {}", process.pid())),
+        "{stderr}"
+    );
+    assert!(stdout.starts_with("goroutine 1 [running]:\n"), "{stdout}");
+    assert!(
+        stdout.contains("main.main(...)\n\t") && stdout.contains("main.hot"),
+        "{stdout}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    for task in std::fs::read_dir(format!("/proc/{}/task", process.pid())).unwrap() {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let state = status.lines().find(|l| l.starts_with("State:")).unwrap();
+        assert!(
+            !state.contains("tracing stop"),
+            "a thread is left stopped: {state}"
+        );
+        assert!(status.contains("TracerPid:\t0"), "a thread is left traced");
+    }
 }
 
 #[test]
@@ -450,4 +509,131 @@ fn a_process_that_is_not_go_is_named() {
         stderr.contains("process 999999999") && stderr.contains("is the process running?"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_run_exports_each_windows_heap_and_serves_the_heap_endpoint() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let build = Build {
+        rate: Some("4096"),
+        ..build("1.27.3", None)
+    };
+    let settled = Settled::start_with(&build, &["leak"], &[]);
+    let pid = settled.pid();
+    let out = settled.path("profiles");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut agent = AgentRun::start(&[
+        "--pids",
+        &pid,
+        "--listen",
+        &listen,
+        "--window",
+        "2s",
+        "--node",
+        "node-h",
+        "--directory-path",
+        out.to_str().unwrap(),
+    ]);
+    agent.wait_ready(port);
+
+    // The pull: the heap now, as the program's own /debug/pprof/heap
+    // gives it (allocations since it started), read by go tool pprof.
+    let url = format!("http://127.0.0.1:{port}/debug/pprof/heap?pid={pid}");
+    let top =
+        profiler_tests::profiles::go_pprof(&["-top", "-sample_index=alloc_space"], Path::new(&url));
+    assert!(
+        top.contains("main.cacheResponse"),
+        "{top}\nagent:\n{}",
+        agent.log()
+    );
+    let (status, body) = http_get(
+        port,
+        "/debug/pprof/heap?service=no-such-service",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(status, 503);
+    assert!(String::from_utf8_lossy(&body).contains("no-such-service"));
+
+    // Windows: a memory profile per window beside the CPU one.
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(agent.terminate(Duration::from_secs(20)).success());
+    let mut memory: Vec<PathBuf> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("memory-")
+        })
+        .collect();
+    memory.sort();
+    assert!(
+        memory.len() >= 3,
+        "memory profiles: {memory:?}\n{}",
+        agent.log()
+    );
+    let sum = |profile: &RawProfile, index: usize, function: &str| -> i64 {
+        profile
+            .lined_stacks()
+            .iter()
+            .zip(&profile.samples)
+            .filter(|(s, _)| {
+                s.frames
+                    .first()
+                    .is_some_and(|(l, _)| l.function == function)
+            })
+            .map(|(_, sample)| sample.values[index])
+            .sum()
+    };
+    let windows: Vec<RawProfile> = memory.iter().map(|p| RawProfile::read(p)).collect();
+    let first = &windows[0];
+    assert_eq!(
+        first.sample_types,
+        [
+            "alloc_objects/count",
+            "alloc_space/bytes",
+            "inuse_objects/count",
+            "inuse_space/bytes"
+        ]
+    );
+    // The first window has nothing to compare with: no allocations, the
+    // heap in use.
+    assert_eq!(sum(first, 1, "main.cacheResponse"), 0);
+    assert!(sum(first, 3, "main.cacheResponse") > 1 << 20);
+    // Later (whole) windows: what the leak allocated in each (~320 KiB in
+    // 2 s), not since the start; in use grows.
+    let middle = &windows[1..windows.len() - 1];
+    for window in middle {
+        let leaked = sum(window, 1, "main.leakSession");
+        assert!(
+            (100 << 10..1 << 20).contains(&leaked),
+            "alloc_space of main.leakSession in a 2 s window: {leaked}"
+        );
+        assert_eq!(
+            sum(window, 1, "main.cacheResponse"),
+            0,
+            "nothing new from the startup cache"
+        );
+    }
+    let inuse: Vec<i64> = windows
+        .iter()
+        .map(|w| sum(w, 3, "main.leakSession"))
+        .collect();
+    assert!(
+        inuse.last() > inuse.first(),
+        "in use by main.leakSession over windows: {inuse:?}"
+    );
+    for window in &windows {
+        for stack in window.lined_stacks() {
+            assert_eq!(stack.labels["pid"], pid);
+            assert_eq!(stack.labels["node"], "node-h");
+            assert!(stack.labels.contains_key("service_name"));
+        }
+    }
+    let metrics = http_get(port, "/metrics", Duration::from_secs(1));
+    drop(metrics);
 }

@@ -160,6 +160,22 @@ pub fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// Copies the directory `from` into `to`, symlinks resolved into files.
+fn copy_tree(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(to).map_err(|e| format!("{}: {e}", to.display()))?;
+    for entry in std::fs::read_dir(from).map_err(|e| format!("{}: {e}", from.display()))? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        let into = to.join(path.file_name().unwrap_or_default());
+        if path.is_dir() {
+            copy_tree(&path, &into)?;
+        } else if let Ok(real) = std::fs::canonicalize(&path) {
+            std::fs::copy(&real, &into)
+                .map_err(|e| format!("copying {} into the guest: {e}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Packs an initramfs with busybox, the arm64 libraries and `guest`, boots
 /// it, and collects the framed output. Err with the console's last lines
 /// when the guest does not boot or does not finish within `timeout`.
@@ -314,6 +330,16 @@ fn build_tree(assets: &Assets, guest: &Guest, tree: &Path) -> Result<(), String>
         copy(
             &std::fs::canonicalize(&path).map_err(|e| e.to_string())?,
             &to,
+        )?;
+    }
+    // Debian's arm64 python3.11 and its minimal standard library, for
+    // the Python scenario.
+    let python = assets.root.join("usr/bin/python3.11");
+    if python.exists() {
+        copy(&python, &tree.join("usr/bin/python3.11"))?;
+        copy_tree(
+            &assets.root.join("usr/lib/python3.11"),
+            &tree.join("usr/lib/python3.11"),
         )?;
     }
     std::os::unix::fs::symlink(

@@ -11,6 +11,7 @@ use clap::Args;
 
 use profiler_profile::Format;
 use profiler_runtimes::go::state::GoTarget;
+use profiler_runtimes::go::state::freeze::Freeze;
 use profiler_runtimes::go::state::goroutines::{goroutine_profile, text};
 
 #[derive(Debug, Clone, Args)]
@@ -29,11 +30,33 @@ pub struct GoroutinesArgs {
     /// or .svg.
     #[arg(short, long, value_parser = super::output_path)]
     pub output: Option<PathBuf>,
+
+    /// Stop the process while it is read (ptrace; no signal reaches it),
+    /// for an exact dump: nothing moves meanwhile, and running goroutines
+    /// get their stacks from their threads' registers. Without it the
+    /// process never pauses.
+    #[arg(long)]
+    pub stop: bool,
 }
 
 pub fn run(args: &GoroutinesArgs) -> anyhow::Result<()> {
     let target = GoTarget::open(args.pid)?;
-    let goroutines = target.goroutines()?;
+    let goroutines = if args.stop {
+        let freeze = Freeze::new(args.pid)?;
+        let started = std::time::Instant::now();
+        let goroutines = target.goroutines_with(Some(&freeze));
+        let threads = freeze.threads();
+        let stopped = freeze.took + started.elapsed();
+        drop(freeze);
+        eprintln!(
+            "stopped process {} ({threads} threads) for {:.1} ms to read it",
+            args.pid,
+            stopped.as_secs_f64() * 1e3
+        );
+        goroutines?
+    } else {
+        target.goroutines()?
+    };
     match &args.output {
         None => {
             let dump = text(&target, &goroutines);
@@ -74,6 +97,13 @@ pub fn run(args: &GoroutinesArgs) -> anyhow::Result<()> {
         goroutines.system,
         if goroutines.unreadable > 0 {
             format!("; {} unreadable", goroutines.unreadable)
+        } else {
+            String::new()
+        } + &if goroutines.torn > 0 {
+            format!(
+                "; {} changed while read (shown as last read)",
+                goroutines.torn
+            )
         } else {
             String::new()
         }

@@ -29,10 +29,28 @@ pub struct HeapArgs {
     /// Allocation sites printed, largest in use first.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub top: usize,
+
+    /// First write BYTES into the process's runtime.MemProfileRate: from
+    /// then on its runtime records one allocation per BYTES allocated
+    /// (Go's default: 524288), what it allocated before stays unrecorded.
+    /// This changes the running program (a little CPU per recorded
+    /// allocation); for binaries whose linker turned profiling off, or
+    /// processes that set the rate to 0. 0 stops recording.
+    #[arg(long, value_name = "BYTES")]
+    pub set_mem_profile_rate: Option<u64>,
 }
 
 pub fn run(args: &HeapArgs) -> anyhow::Result<()> {
     let target = GoTarget::open(args.pid)?;
+    if let Some(rate) = args.set_mem_profile_rate {
+        let previous = target.set_mem_profile_rate(rate)?;
+        eprintln!(
+            "set runtime.MemProfileRate of process {} from {previous} to {rate}: its runtime now \
+             records one allocation per {rate} bytes allocated (allocations before now are not \
+             in any profile: read its heap again later)",
+            args.pid
+        );
+    }
     let snapshot = target.heap()?;
     if snapshot.rate == 0 {
         eprintln!(

@@ -17,6 +17,15 @@ pub fn at_return_address(target: &GoTarget, pc: u64) -> Vec<Frame> {
         .unwrap_or_default()
 }
 
+/// The frames at `pc` itself (a stopped thread's PC: the instruction it
+/// was about to run).
+pub fn at(target: &GoTarget, pc: u64) -> Vec<Frame> {
+    target
+        .symbols
+        .frames(target.link_address(pc))
+        .unwrap_or_default()
+}
+
 /// Whether two return addresses lie in the same function.
 pub fn same_function(target: &GoTarget, a: u64, b: u64) -> bool {
     let entry = |pc: u64| {
@@ -29,14 +38,15 @@ pub fn same_function(target: &GoTarget, a: u64, b: u64) -> bool {
 }
 
 /// The location of `address` with `frames` as its lines (innermost
-/// first), built once per address.
-pub fn location<M: std::hash::Hash + Eq>(
-    builder: &mut ProfileBuilder<u64, M>,
+/// first), built once per `key`.
+pub fn location<L: std::hash::Hash + Eq, M: std::hash::Hash + Eq>(
+    builder: &mut ProfileBuilder<L, M>,
+    key: L,
     mapping: usize,
     address: u64,
     frames: &[Frame],
 ) -> usize {
-    builder.location(address, |b| {
+    builder.location(key, |b| {
         let lines = frames
             .iter()
             .map(|f| {

@@ -17,6 +17,7 @@ use std::fmt::Write as _;
 use profiler_profile::{Profile, ProfileBuilder, ProfileKind, Sample};
 
 use super::frames::{self, Frame};
+use super::freeze::Freeze;
 use super::layout::{
     RuntimeLayout, STATUS_DEAD, STATUS_DEAD_EXTRA, STATUS_LEAKED, STATUS_NAMES, STATUS_RUNNING,
     STATUS_SCAN, STATUS_SYSCALL, STATUS_WAITING,
@@ -29,6 +30,10 @@ use crate::memory::Memory;
 pub const MAX_GOROUTINES: u64 = 1 << 20;
 /// Deepest stack walked (physical frames).
 pub const MAX_FRAMES: usize = 1024;
+/// Most frames kept over all goroutines (64 MiB): past it, stacks are
+/// not walked (a forged million goroutines of the deepest stacks would
+/// hold a billion).
+pub const MAX_TOTAL_FRAMES: usize = 1 << 23;
 /// Most labels read per goroutine, and longest label text.
 const MAX_LABELS: u64 = 64;
 const MAX_TEXT: u64 = 4096;
@@ -50,8 +55,12 @@ pub struct Goroutine {
     /// The thread running it (running goroutines, and those in a system
     /// call).
     pub thread: Option<u32>,
-    /// Return addresses, innermost first (empty while running).
+    /// Return addresses, innermost first (empty while running, unless
+    /// read from its stopped thread's registers).
     pub pcs: Vec<u64>,
+    /// `pcs[0]` is the PC its thread was stopped at, not a return
+    /// address.
+    pub from_registers: bool,
     /// The stack walk stopped at the frame limit or at a bad frame.
     pub truncated: bool,
     /// Where it was started: the `go` statement's address, and the
@@ -89,11 +98,21 @@ pub struct Goroutines {
     pub system: usize,
     /// Entries that could not be read.
     pub unreadable: usize,
+    /// Goroutines still changing after three reads: shown as last read.
+    pub torn: usize,
+    /// The process was stopped while read (`Freeze`).
+    pub frozen: bool,
 }
 
 impl GoTarget {
-    /// The process's goroutines now.
+    /// The process's goroutines now, read while it runs.
     pub fn goroutines(&self) -> Result<Goroutines, StateError> {
+        self.goroutines_with(None)
+    }
+
+    /// The process's goroutines; with `freeze` (the process stopped), the
+    /// running ones' stacks from their threads' registers.
+    pub fn goroutines_with(&self, freeze: Option<&Freeze>) -> Result<Goroutines, StateError> {
         let layout = RuntimeLayout::of(self.minor).ok_or_else(|| StateError::UnknownVersion {
             pid: self.pid,
             version: self.version.clone(),
@@ -109,8 +128,12 @@ impl GoTarget {
         }
         let wait_reasons = self.wait_reasons();
         let now = monotonic_ns();
-        let mut result = Goroutines::default();
+        let mut result = Goroutines {
+            frozen: freeze.is_some(),
+            ..Goroutines::default()
+        };
         let mut seen = HashSet::new();
+        let mut frames = 0;
         // The array in chunks: one read per 512 goroutines.
         for chunk_start in (0..count).step_by(512) {
             let n = (count - chunk_start).min(512);
@@ -124,8 +147,27 @@ impl GoTarget {
                     result.unreadable += 1;
                     continue;
                 }
-                match self.goroutine(g, &layout, &wait_reasons, now) {
-                    Ok(Entry::User(goroutine)) => result.goroutines.push(goroutine),
+                let walk = frames < MAX_TOTAL_FRAMES;
+                // A goroutine may move on while read (the process runs):
+                // read again while its state or saved PC changed.
+                let mut entry = self.goroutine(g, &layout, &wait_reasons, now, walk, freeze);
+                for attempt in 0..3 {
+                    match &entry {
+                        Ok(Entry::User(goroutine)) if !self.settled(g, &layout, goroutine) => {
+                            if attempt == 2 {
+                                result.torn += 1;
+                                break;
+                            }
+                            entry = self.goroutine(g, &layout, &wait_reasons, now, walk, freeze);
+                        }
+                        _ => break,
+                    }
+                }
+                match entry {
+                    Ok(Entry::User(goroutine)) => {
+                        frames += goroutine.pcs.len();
+                        result.goroutines.push(goroutine);
+                    }
                     Ok(Entry::System) => result.system += 1,
                     Ok(Entry::Dead) => {}
                     Err(_) if chunk_start + (i as u64) > 0 => result.unreadable += 1,
@@ -159,6 +201,8 @@ impl GoTarget {
         layout: &RuntimeLayout,
         wait_reasons: &[String],
         now: u64,
+        walk: bool,
+        freeze: Option<&Freeze>,
     ) -> Result<Entry, StateError> {
         let bytes = self
             .memory
@@ -201,14 +245,28 @@ impl GoTarget {
         } else {
             None
         };
-        let (pcs, truncated) = if base == STATUS_RUNNING {
+        let (lo, hi) = (u64_at(layout.g_stack_lo), u64_at(layout.g_stack_hi));
+        // A running goroutine's PC and SP are its thread's registers; the
+        // thread may be on its own system stack (runtime or C code), then
+        // the goroutine's stack is not where it is.
+        let registers = freeze
+            .zip(thread)
+            .and_then(|(freeze, tid)| freeze.registers(tid))
+            .filter(|r| base == STATUS_RUNNING && lo <= r.sp && r.sp < hi);
+        let from_registers = registers.is_some();
+        let (pcs, truncated) = if !walk {
+            (Vec::new(), true)
+        } else if let Some(r) = registers {
+            self.walk(r.pc, r.sp, lo, hi, r.lr)
+        } else if base == STATUS_RUNNING {
             (Vec::new(), false)
         } else {
             self.walk(
                 u64_at(layout.g_sched_pc),
                 u64_at(layout.g_sched_sp),
-                u64_at(layout.g_stack_lo),
-                u64_at(layout.g_stack_hi),
+                lo,
+                hi,
+                None,
             )
         };
         Ok(Entry::User(Goroutine {
@@ -219,11 +277,23 @@ impl GoTarget {
             locked_to_thread: u64_at(layout.g_lockedm) != 0,
             thread,
             pcs,
+            from_registers,
             truncated,
             created_at: u64_at(layout.g_gopc),
             parent: layout.g_parent_goid.map(u64_at).filter(|&p| p != 0),
             labels: self.labels(u64_at(layout.g_labels), layout),
         }))
+    }
+
+    /// Whether the goroutine at `g` is still as read: the same status and,
+    /// parked, the same saved PC.
+    fn settled(&self, g: u64, layout: &RuntimeLayout, goroutine: &Goroutine) -> bool {
+        let status = self.memory.u32(g + layout.g_status).ok();
+        let pc = self.memory.u64(g + layout.g_sched_pc).ok();
+        status == Some(goroutine.status)
+            && (goroutine.is_running()
+                || goroutine.pcs.is_empty()
+                || pc == goroutine.pcs.first().copied())
     }
 
     /// Whether a goroutine started at `start` is the runtime's own
@@ -252,7 +322,14 @@ impl GoTarget {
     /// is at its top (amd64) or at SP, where the prologue saved LR
     /// (arm64). Stops at the outermost function (`goexit`), at a PC
     /// outside the pclntab, or when the stack pointer leaves the stack.
-    fn walk(&self, mut pc: u64, mut sp: u64, lo: u64, hi: u64) -> (Vec<u64>, bool) {
+    fn walk(
+        &self,
+        mut pc: u64,
+        mut sp: u64,
+        lo: u64,
+        hi: u64,
+        lr: Option<u64>,
+    ) -> (Vec<u64>, bool) {
         let arm64 = self.symbols.pc_quantum() == 4;
         let mut pcs = vec![pc];
         while pcs.len() < MAX_FRAMES {
@@ -279,20 +356,27 @@ impl GoTarget {
             else {
                 return (pcs, true);
             };
-            let (return_at, caller_sp) = if arm64 {
-                if delta == 0 {
-                    // A leaf whose return address is in LR, a register.
+            let (ret, caller_sp) = if arm64 && delta == 0 {
+                // A leaf without a frame: its return address is in LR, a
+                // register (known for the innermost frame of a stopped
+                // thread only).
+                match lr.filter(|_| pcs.len() == 1) {
+                    Some(lr) => (lr, sp),
+                    None => return (pcs, true),
+                }
+            } else {
+                let (return_at, caller_sp) = if arm64 {
+                    (sp, sp.wrapping_add(delta))
+                } else {
+                    (sp.wrapping_add(delta), sp.wrapping_add(delta + 8))
+                };
+                if caller_sp > hi {
                     return (pcs, true);
                 }
-                (sp, sp.wrapping_add(delta))
-            } else {
-                (sp.wrapping_add(delta), sp.wrapping_add(delta + 8))
-            };
-            if caller_sp > hi {
-                return (pcs, true);
-            }
-            let Ok(ret) = self.memory.u64(return_at) else {
-                return (pcs, true);
+                let Ok(ret) = self.memory.u64(return_at) else {
+                    return (pcs, true);
+                };
+                (ret, caller_sp)
             };
             if ret == 0 {
                 return (pcs, false);
@@ -428,17 +512,28 @@ pub fn text(target: &GoTarget, goroutines: &Goroutines) -> String {
             out.push('\n');
         }
         let _ = writeln!(out, "goroutine {} [{}]:", g.goid, header(g));
-        if g.is_running() {
-            match g.thread {
-                Some(tid) => {
-                    let _ = writeln!(
-                        out,
-                        "\tgoroutine running on other thread; stack unavailable (thread {tid})"
-                    );
-                }
-                None => out.push_str("\tgoroutine running on other thread; stack unavailable\n"),
+        if g.is_running() && g.pcs.is_empty() {
+            let thread = g
+                .thread
+                .map(|t| format!(" (thread {t})"))
+                .unwrap_or_default();
+            if goroutines.frozen {
+                let _ = writeln!(
+                    out,
+                    "\tstack unavailable: its thread{thread} runs runtime or C code on its own stack"
+                );
+            } else {
+                let _ = writeln!(
+                    out,
+                    "\tgoroutine running on other thread; stack unavailable{thread}"
+                );
             }
         } else {
+            if g.is_running()
+                && let Some(tid) = g.thread
+            {
+                let _ = writeln!(out, "\t(running on thread {tid}, stopped)");
+            }
             print_frames(target, g, &mut out);
         }
         if g.goid != 1 && g.created_at != 0 {
@@ -484,7 +579,8 @@ fn print_frames(target: &GoTarget, g: &Goroutine, out: &mut String) {
     let all: Vec<(Printed, bool)> = g
         .pcs
         .iter()
-        .flat_map(|&pc| logical_frames(target, pc))
+        .enumerate()
+        .flat_map(|(i, &pc)| logical_frames(target, pc, i == 0 && g.from_registers))
         .collect();
     let mut shown: Vec<&Printed> = all
         .iter()
@@ -532,9 +628,11 @@ fn print_frame(frame: &Printed, out: &mut String) {
 /// whether Go's traceback shows it (`showfuncinfo` at level 1: not the
 /// runtime's unexported functions, not names without a package, not
 /// compiler-made wrappers).
-fn logical_frames(target: &GoTarget, pc: u64) -> Vec<(Printed, bool)> {
+fn logical_frames(target: &GoTarget, pc: u64, exact: bool) -> Vec<(Printed, bool)> {
     let link = target.link_address(pc);
-    let function = target.symbols.function(link.wrapping_sub(1));
+    let function = target
+        .symbols
+        .function(if exact { link } else { link.wrapping_sub(1) });
     let Some(function) = function else {
         return vec![(
             Printed {
@@ -549,7 +647,11 @@ fn logical_frames(target: &GoTarget, pc: u64) -> Vec<(Printed, bool)> {
     let wrapper =
         RuntimeLayout::of(target.minor).is_some_and(|l| function.func_id() == l.func_id_wrapper);
     let entry = function.entry();
-    let frames = frames::at_return_address(target, pc);
+    let frames = if exact {
+        frames::at(target, pc)
+    } else {
+        frames::at_return_address(target, pc)
+    };
     let count = frames.len();
     frames
         .into_iter()
@@ -650,18 +752,26 @@ pub fn goroutine_profile(
         let locations: Vec<usize> = g
             .pcs
             .iter()
-            .filter_map(|&pc| {
-                let frames: Vec<Frame> = frames::at_return_address(target, pc);
+            .enumerate()
+            .filter_map(|(i, &pc)| {
+                let exact = i == 0 && g.from_registers;
+                let frames: Vec<Frame> = if exact {
+                    frames::at(target, pc)
+                } else {
+                    frames::at_return_address(target, pc)
+                };
                 if frames
                     .first()
                     .is_some_and(|f| f.function == "runtime.goexit")
                 {
                     return None;
                 }
+                let address = if exact { pc } else { pc.wrapping_sub(1) };
                 Some(frames::location(
                     &mut builder,
+                    address,
                     mapping,
-                    pc.wrapping_sub(1),
+                    address,
                     &frames,
                 ))
             })
@@ -717,6 +827,7 @@ mod tests {
             locked_to_thread: false,
             thread: None,
             pcs: Vec::new(),
+            from_registers: false,
             truncated: false,
             created_at: 0,
             parent: None,

@@ -11,7 +11,7 @@
 //! anything, the sum of all four (runtime/mprof.go, `memProfileInternal`).
 //! Details and the proof in docs/design/go-runtime-state.md.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use profiler_profile::{Profile, ProfileBuilder, ProfileKind, Sample};
 
@@ -26,6 +26,11 @@ use crate::memory::Memory;
 /// are thousands; a list longer than this is forged or corrupt.
 pub const MAX_BUCKETS: usize = 1 << 20;
 
+/// Most return addresses kept over all buckets (64 MiB): real heaps
+/// have a few million at most; a forged one of a million buckets each
+/// of the deepest stack would hold a billion.
+pub const MAX_TOTAL_PCS: usize = 1 << 23;
+
 /// Deepest stack a bucket holds: `profstackdepth` is at most 1024, plus
 /// the two frames Go 1.26 adds for `mallocgc`.
 pub const MAX_STACK: u64 = 1026;
@@ -34,6 +39,9 @@ pub const MAX_STACK: u64 = 1026;
 /// it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeapRecord {
+    /// The bucket's address: a key for the site as long as the process
+    /// lives (the runtime never frees or moves a bucket).
+    pub address: u64,
     /// Return addresses as the runtime stored them (process addresses),
     /// innermost first; inlined calls have their own (see `stack`).
     pub pcs: Vec<u64>,
@@ -82,6 +90,7 @@ impl Cycle {
 
 /// A bucket, read whole.
 struct Bucket {
+    address: u64,
     pcs: Vec<u64>,
     size: u64,
     /// active, future[0], future[1], future[2].
@@ -101,6 +110,8 @@ pub enum BucketError {
     Loop(u64),
     #[error("more than {MAX_BUCKETS} buckets")]
     TooMany,
+    #[error("more than {MAX_TOTAL_PCS} stack frames over all buckets")]
+    TooDeep,
 }
 
 /// Reads the memory-profile buckets from the list head `head`: the
@@ -118,6 +129,7 @@ pub fn read_buckets(
     let mut seen = HashSet::new();
     let mut buckets = Vec::new();
     let mut skipped = 0;
+    let mut frames = 0;
     let mut at = head;
     while at != 0 {
         if !seen.insert(at) {
@@ -128,6 +140,10 @@ pub fn read_buckets(
         }
         match read_bucket(memory, at, cycle_bytes) {
             Ok((bucket, next)) => {
+                frames += bucket.pcs.len();
+                if frames > MAX_TOTAL_PCS {
+                    return Err(BucketError::TooDeep);
+                }
                 buckets.push(bucket);
                 at = next;
             }
@@ -156,6 +172,7 @@ pub fn read_buckets(
         .into_iter()
         .zip(records)
         .map(|(bucket, c)| HeapRecord {
+            address: bucket.address,
             pcs: bucket.pcs,
             size: bucket.size,
             allocs: c.allocs,
@@ -226,6 +243,7 @@ fn read_bucket(
     }
     Ok((
         Bucket {
+            address: at,
             pcs: pcs.to_vec(),
             size,
             cycles,
@@ -238,7 +256,9 @@ impl GoTarget {
     /// The process's heap records now, as its own `WriteHeapProfile` would
     /// report them.
     pub fn heap(&self) -> Result<HeapSnapshot, StateError> {
-        if !self.memory_profiling {
+        let rate_at = self.address(globals::MEM_PROFILE_RATE)?;
+        // Linked out, and not turned on since (`set_mem_profile_rate`).
+        if !self.memory_profiling && self.u64(rate_at, "runtime.MemProfileRate")? == 0 {
             return Err(StateError::ProfilingDisabled {
                 pid: self.pid,
                 path: self.path.clone(),
@@ -254,7 +274,6 @@ impl GoTarget {
             })?;
         let head_at = self.address(globals::MBUCKETS)?;
         let cycle_at = self.address(globals::MPROF_CYCLE)?;
-        let rate_at = self.address(globals::MEM_PROFILE_RATE)?;
         // A GC publishing counts while we read moves the cycle: read again.
         let mut last = None;
         for _ in 0..3 {
@@ -274,6 +293,20 @@ impl GoTarget {
             last = Some(snapshot);
         }
         Ok(last.expect("three reads"))
+    }
+
+    /// Sets the process's `runtime.MemProfileRate` to `rate` (bytes
+    /// between sampled allocations; 0 stops sampling) and returns the
+    /// previous value. This changes the program: from now on its runtime
+    /// records one allocation per `rate` bytes; what it allocated before
+    /// stays unrecorded.
+    pub fn set_mem_profile_rate(&self, rate: u64) -> Result<u64, StateError> {
+        let at = self.address(globals::MEM_PROFILE_RATE)?;
+        let previous = self.u64(at, "runtime.MemProfileRate")?;
+        self.memory
+            .write(at, &rate.to_le_bytes())
+            .map_err(|e| self.read_error("writing runtime.MemProfileRate", e))?;
+        Ok(previous)
     }
 
     fn u32(&self, address: u64, what: &str) -> Result<u32, StateError> {
@@ -298,28 +331,35 @@ pub fn scale(count: u64, bytes: u64, rate: i64) -> (i64, i64) {
     ((count as f64 * s) as i64, (bytes as f64 * s) as i64)
 }
 
+/// What a heap sample counts, before scaling: objects and bytes
+/// allocated (since the process started, or in a window), and in use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HeapCounts {
+    pub alloc_objects: u64,
+    pub alloc_bytes: u64,
+    pub inuse_objects: u64,
+    pub inuse_bytes: u64,
+}
+
+impl HeapRecord {
+    /// Everything since the process started, in use now.
+    pub fn counts(&self) -> HeapCounts {
+        HeapCounts {
+            alloc_objects: self.allocs,
+            alloc_bytes: self.alloc_bytes,
+            inuse_objects: self.allocs.saturating_sub(self.frees),
+            inuse_bytes: self.alloc_bytes.saturating_sub(self.free_bytes),
+        }
+    }
+}
+
 /// The profile `pprof.WriteHeapProfile` would write: per record, the
 /// allocated and in-use objects and bytes (scaled), the object size as the
 /// numeric label `bytes`, and the stack without the allocator's frames.
 pub fn heap_profile(target: &GoTarget, snapshot: &HeapSnapshot, start_unix_ns: i64) -> Profile {
-    let mut builder = ProfileBuilder::<u64, ()>::new(start_unix_ns, 0, snapshot.rate);
-    builder.kind(ProfileKind::Heap);
-    let mapping = builder.mapping((), || super::executable_mapping(target));
+    let mut builder = HeapProfileBuilder::new(start_unix_ns, 0, snapshot.rate);
     for record in &snapshot.records {
-        let (alloc_objects, alloc_space) = scale(record.allocs, record.alloc_bytes, snapshot.rate);
-        let (inuse_objects, inuse_space) = scale(
-            record.allocs.wrapping_sub(record.frees),
-            record.alloc_bytes.wrapping_sub(record.free_bytes),
-            snapshot.rate,
-        );
-        let locations = stack(target, &mut builder, mapping, &record.pcs);
-        builder.sample(Sample {
-            locations,
-            values: vec![alloc_objects, alloc_space, inuse_objects, inuse_space],
-            numeric_labels: vec![("bytes".into(), record.size as i64, "bytes".into())],
-            labels: vec![("pid".into(), target.pid.to_string())],
-            ..Sample::default()
-        });
+        builder.add(target, snapshot.rate, record, record.counts());
     }
     builder.comment(format!(
         "heap profile of process {} ({}, {}) read from its memory by profiler-agent",
@@ -334,6 +374,93 @@ pub fn heap_profile(target: &GoTarget, snapshot: &HeapSnapshot, start_unix_ns: i
     builder.finish()
 }
 
+/// One heap profile from the records of one process or several (a
+/// service's), each sample labelled with its `pid`.
+pub struct HeapProfileBuilder {
+    builder: ProfileBuilder<(u32, u64), u32>,
+}
+
+impl HeapProfileBuilder {
+    /// `rate`: the period the profile states (the processes' sampling
+    /// rate; each sample is scaled by its own process's).
+    pub fn new(start_unix_ns: i64, duration_ns: i64, rate: i64) -> Self {
+        let mut builder = ProfileBuilder::new(start_unix_ns, duration_ns, rate);
+        builder.kind(ProfileKind::Heap);
+        HeapProfileBuilder { builder }
+    }
+
+    /// A sample of `record`'s site with `counts`, scaled at `rate`.
+    pub fn add(&mut self, target: &GoTarget, rate: i64, record: &HeapRecord, counts: HeapCounts) {
+        let (alloc_objects, alloc_space) = scale(counts.alloc_objects, counts.alloc_bytes, rate);
+        let (inuse_objects, inuse_space) = scale(counts.inuse_objects, counts.inuse_bytes, rate);
+        let mapping = self
+            .builder
+            .mapping(target.pid, || super::executable_mapping(target));
+        let locations = stack(target, &mut self.builder, mapping, &record.pcs);
+        self.builder.sample(Sample {
+            locations,
+            values: vec![alloc_objects, alloc_space, inuse_objects, inuse_space],
+            numeric_labels: vec![("bytes".into(), record.size as i64, "bytes".into())],
+            labels: vec![("pid".into(), target.pid.to_string())],
+            ..Sample::default()
+        });
+    }
+
+    pub fn comment(&mut self, comment: impl Into<String>) {
+        self.builder.comment(comment);
+    }
+
+    pub fn finish(self) -> Profile {
+        self.builder.finish()
+    }
+}
+
+/// A process's heap over time: what each site had allocated at the last
+/// look, so that the next look reports the allocations in between (as
+/// continuous profilers show `alloc_*`), and what is in use now.
+#[derive(Debug, Default)]
+pub struct HeapHistory {
+    /// Bucket address → (objects, bytes) allocated, cumulative.
+    previous: HashMap<u64, (u64, u64)>,
+    looked: bool,
+}
+
+impl HeapHistory {
+    /// The counts of `snapshot`'s records for the window since the last
+    /// call: allocations in between (none on the first call, which has
+    /// nothing to compare with), in use now.
+    pub fn advance(&mut self, snapshot: &HeapSnapshot) -> Vec<HeapCounts> {
+        let first = !self.looked;
+        self.looked = true;
+        let mut next = HashMap::with_capacity(snapshot.records.len());
+        let counts = snapshot
+            .records
+            .iter()
+            .map(|record| {
+                let mut counts = record.counts();
+                let before = self.previous.get(&record.address).copied();
+                next.insert(record.address, (record.allocs, record.alloc_bytes));
+                match (first, before) {
+                    (true, _) => {
+                        counts.alloc_objects = 0;
+                        counts.alloc_bytes = 0;
+                    }
+                    // A site seen before: what it allocated since.
+                    (false, Some((objects, bytes))) => {
+                        counts.alloc_objects = record.allocs.saturating_sub(objects);
+                        counts.alloc_bytes = record.alloc_bytes.saturating_sub(bytes);
+                    }
+                    // A new site: all of it is new.
+                    (false, None) => {}
+                }
+                counts
+            })
+            .collect();
+        self.previous = next;
+        counts
+    }
+}
+
 /// A bucket's stack as locations, leaf first. Each stored PC is one
 /// logical frame: a return address, or for a call inlined there the
 /// address just past its inline mark. The allocator's own frames at the
@@ -343,7 +470,7 @@ pub fn heap_profile(target: &GoTarget, snapshot: &HeapSnapshot, start_unix_ns: i
 /// own profile.
 fn stack(
     target: &GoTarget,
-    builder: &mut ProfileBuilder<u64, ()>,
+    builder: &mut ProfileBuilder<(u32, u64), u32>,
     mapping: usize,
     pcs: &[u64],
 ) -> Vec<usize> {
@@ -367,10 +494,12 @@ fn stack(
     let mut i = first_user;
     while i < named.len() {
         let (pc, frames) = &named[i];
+        let address = pc.wrapping_sub(1);
         locations.push(frames::location(
             builder,
+            (target.pid, address),
             mapping,
-            pc.wrapping_sub(1),
+            address,
             frames,
         ));
         // The next PCs (in the same function) name the callers this one
@@ -519,6 +648,36 @@ mod tests {
         let memory = image(&[bucket(0x1000, 0xdead_0000, &[1], 8, [[1, 0, 8, 0]; 4])]);
         let (records, skipped) = read_buckets(&memory, 0x1000, 0, 32).unwrap();
         assert_eq!((records.len(), skipped), (1, 1));
+    }
+
+    fn record(address: u64, allocs: u64, frees: u64) -> HeapRecord {
+        HeapRecord {
+            address,
+            pcs: vec![0x401001],
+            size: 16,
+            allocs,
+            frees,
+            alloc_bytes: allocs * 16,
+            free_bytes: frees * 16,
+        }
+    }
+
+    #[test]
+    fn windows_report_what_was_allocated_in_them_and_what_is_in_use() {
+        let mut history = HeapHistory::default();
+        let snapshot = |records| HeapSnapshot {
+            rate: 1,
+            records,
+            skipped: 0,
+        };
+        // The first look has nothing to compare with: in use only.
+        let first = history.advance(&snapshot(vec![record(0x10, 100, 40)]));
+        assert_eq!((first[0].alloc_objects, first[0].inuse_objects), (0, 60));
+        // Then: the allocations since, a new site whole.
+        let second = history.advance(&snapshot(vec![record(0x20, 5, 0), record(0x10, 130, 100)]));
+        assert_eq!(second[0].alloc_objects, 5);
+        assert_eq!((second[1].alloc_objects, second[1].alloc_bytes), (30, 480));
+        assert_eq!(second[1].inuse_bytes, 30 * 16);
     }
 
     #[test]

@@ -1,20 +1,22 @@
 //! The Go runtime's own state, read from outside: a process's heap profile
 //! (the runtime's sampled allocation records, `runtime.mbuckets`) and its
 //! goroutines (`runtime.allgs`), through `/proc/PID/mem`, without pausing
-//! it (unless asked: `Freeze`), on stripped binaries too.
+//! it (unless asked: [`freeze`]), on stripped binaries too.
 //!
 //! - [`globals`]: the runtime's variables in the binary, by symbol or by
 //!   decoding the runtime functions that use them;
 //! - [`layout`]: the structures' offsets by Go version;
 //! - [`heap`]: the heap profile, as `pprof.WriteHeapProfile` writes it;
 //! - [`goroutines`]: every goroutine, as `debug=2` prints it, and the
-//!   goroutine profile.
+//!   goroutine profile;
+//! - [`freeze`]: stopping the process (ptrace) for an exact dump.
 //!
 //! Everything read is the process's to forge: lists are bounded and
 //! checked for loops, counts and lengths are capped, a bad record is
 //! counted and skipped, and an error names the process and what was wrong.
 
 pub mod frames;
+pub mod freeze;
 pub mod globals;
 pub mod goroutines;
 pub mod heap;
@@ -47,9 +49,10 @@ pub enum StateError {
         what: &'static str,
     },
     #[error(
-        "process {pid} ({path}): memory profiling is disabled in this binary (the linker removes \
-         it when nothing references runtime.MemProfile: no runtime/pprof heap profile, no \
-         net/http/pprof); there is no heap profile to read"
+        "process {pid} ({path}): memory profiling is disabled in this binary (the linker turns \
+         it off when nothing references runtime.MemProfile: no runtime/pprof heap profile, no \
+         net/http/pprof), so the runtime records no allocations; `heap \
+         --set-mem-profile-rate 524288` turns recording on from now (it changes the process)"
     )]
     ProfilingDisabled { pid: u32, path: String },
     #[error("process {pid}: {symbol} not found in {path} (neither by symbol nor in {anchor})")]
