@@ -13,11 +13,15 @@ use std::time::Duration;
 
 use profiler_profile::pprof::proto;
 use profiler_tests::arm64::{Guest, GuestRun, Scenario, arm64_agent, run_guest, tail};
+use profiler_tests::go_state::{by_leaf, dump_by_goroutine};
+use profiler_tests::pprof_raw::RawProfile;
 use profiler_tests::{agent::*, go::*, profiles::*};
 
 /// Go toolchains the arm64 Go fixture is built with: Debian's and the
 /// newest.
 const GO_VERSIONS: [&str; 2] = ["1.19", "1.27.3"];
+/// The go_state fixture's builds in the guest (stripped): toolchain, name.
+const GO_STATE: [(&str, &str); 2] = [("1.19", "go-state-1.19"), ("1.27.3", "go-state-1.27.3")];
 const SECONDS: u32 = 3;
 
 fn fixtures_dir() -> PathBuf {
@@ -157,6 +161,11 @@ fn guest() -> (Guest, HashMap<&'static str, PathBuf>) {
     // Go labels through the g register (X28), the layout from the version
     // table (stripped).
     binaries.insert("go-labels", go_fixture_of("go-unwind", "1.27.3", true));
+    // The Go runtime's state read from outside: the oldest and newest
+    // layouts, stripped (variables found from arm64 code: ADRP pairs).
+    for (version, name) in GO_STATE {
+        binaries.insert(name, go_fixture_of("go_state", version, true));
+    }
 
     let mut guest = Guest::default();
     guest
@@ -202,6 +211,23 @@ wait_for() {
     script.push_str(&format!(
         "profile go-labels {SECONDS} /bin/go-labels labels 600 /tmp/own-labels.pprof\n"
     ));
+    for (_, name) in GO_STATE {
+        script.push_str(&format!(
+            r#"
+begin {name}
+mkdir -p /tmp/{name}
+GOGC=off RATE=1 /bin/{name} /tmp/{name} > /dev/null 2>&1 & G=$!
+wait_for /tmp/{name}/ready "[0-9]"
+$A heap --pid $G -o /tmp/{name}/ours.pb.gz 2> /tmp/{name}/heap.err; r1=$?
+$A goroutines --pid $G > /tmp/{name}/ours.txt 2> /tmp/{name}/goroutines.err; r2=$?
+$A goroutines --pid $G --stop > /tmp/{name}/stopped.txt 2>> /tmp/{name}/goroutines.err; r3=$?
+kill $G; wait $G 2>/dev/null
+cat /tmp/{name}/heap.err /tmp/{name}/goroutines.err
+for f in heap.pb.gz ours.pb.gz goroutines.txt ours.txt stopped.txt; do file /tmp/{name}/$f; done
+end {name} $((r1 + r2 + r3))
+"#
+        ));
+    }
     script.push_str(
         r#"
 begin probes-list
@@ -1021,6 +1047,8 @@ fn arm64_guest_ran_every_scenario() {
         "go-1.27.3",
         "go-1.27.3-s",
         "go-labels",
+        "go-state-1.19",
+        "go-state-1.27.3",
         "probes-list",
         "latency",
         "off-cpu",
@@ -1040,4 +1068,51 @@ fn arm64_guest_ran_every_scenario() {
         "{}",
         tail(&run.console, 20)
     );
+}
+
+/// The Go runtime's heap and goroutines read in the arm64 guest, against
+/// what the program wrote itself there (stripped builds: every variable
+/// found from arm64 code).
+#[test]
+fn arm64_go_heap_and_goroutines_match_the_programs_own() {
+    for (_, name) in GO_STATE {
+        let (s, _) = scenario(name);
+        let file = |f: &str| -> &Vec<u8> {
+            s.files
+                .get(&format!("/tmp/{name}/{f}"))
+                .unwrap_or_else(|| panic!("{name}: no {f}:\n{}", s.log))
+        };
+        let ours = RawProfile::of_bytes(file("ours.pb.gz"));
+        let theirs = RawProfile::of_bytes(file("heap.pb.gz"));
+        for index in 0..4 {
+            let (a, b) = (by_leaf(&ours, index), by_leaf(&theirs, index));
+            assert!(
+                a.contains_key("main.cacheResponse"),
+                "{name}: {a:?}\n{}",
+                s.log
+            );
+            assert_eq!(
+                a, b,
+                "{name}: {} by function, ours then the program's",
+                theirs.sample_types[index]
+            );
+        }
+        let theirs = dump_by_goroutine(&String::from_utf8_lossy(file("goroutines.txt")));
+        for dump in ["ours.txt", "stopped.txt"] {
+            let ours = dump_by_goroutine(&String::from_utf8_lossy(file(dump)));
+            let mut compared = 0;
+            for (id, text) in &theirs {
+                if *id == 1 {
+                    continue;
+                }
+                assert_eq!(
+                    ours.get(id),
+                    Some(text),
+                    "{name} ({dump}): goroutine {id}, ours then the program's"
+                );
+                compared += 1;
+            }
+            assert_eq!(compared, 9, "{name} ({dump})");
+        }
+    }
 }

@@ -11,10 +11,10 @@
 //! GOGC=off and one explicit GC so nothing moves, writes its own views,
 //! then the file `ready`, and waits.
 
-use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use profiler_tests::go_state::{by_leaf, dump_by_goroutine};
 use profiler_tests::pprof_raw::RawProfile;
 use profiler_tests::{agent::*, go::*, http::*, processes::*};
 
@@ -153,21 +153,6 @@ impl Settled {
     }
 }
 
-/// Per leaf function of the program (`main.*`), the sum of sample value
-/// `index`.
-fn by_leaf(profile: &RawProfile, index: usize) -> BTreeMap<String, i64> {
-    let mut sums = BTreeMap::new();
-    for (stack, sample) in profile.lined_stacks().iter().zip(&profile.samples) {
-        let Some((leaf, _)) = stack.frames.first() else {
-            continue;
-        };
-        if leaf.function.starts_with("main.") {
-            *sums.entry(leaf.function.clone()).or_default() += sample.values[index];
-        }
-    }
-    sums
-}
-
 #[test]
 fn heap_profile_matches_the_programs_own() {
     for build in BUILDS {
@@ -243,61 +228,6 @@ fn heap_profile_matches_the_programs_own() {
         }
         assert!(report.contains("in use"), "{label}: {report}");
     }
-}
-
-/// A `debug=2` dump as goroutine id → its text, with each frame's
-/// arguments (run-specific values that we do not read) reduced to
-/// `(...)`.
-fn dump_by_goroutine(text: &str) -> HashMap<u64, String> {
-    let mut goroutines = HashMap::new();
-    for block in text.split("\n\n") {
-        let Some(id) = block
-            .strip_prefix("goroutine ")
-            .and_then(|rest| rest.split(' ').next())
-            .and_then(|id| id.parse().ok())
-        else {
-            continue;
-        };
-        let lines: Vec<String> = block
-            .lines()
-            .map(|line| {
-                if line.starts_with('\t')
-                    || line.starts_with("goroutine ")
-                    || line.starts_with("created by")
-                {
-                    return line.to_string();
-                }
-                match arguments_start(line) {
-                    Some(open) => format!("{}(...)", &line[..open]),
-                    None => line.to_string(),
-                }
-            })
-            .collect();
-        goroutines.insert(id, lines.join("\n").trim_end().to_string());
-    }
-    goroutines
-}
-
-/// Where a frame line's argument list begins: the '(' matching its last
-/// ')'.
-fn arguments_start(line: &str) -> Option<usize> {
-    if !line.ends_with(')') {
-        return None;
-    }
-    let mut depth = 0;
-    for (i, c) in line.char_indices().rev() {
-        match c {
-            ')' => depth += 1,
-            '(' => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(i);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
 }
 
 #[test]

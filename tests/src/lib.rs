@@ -11,6 +11,7 @@ pub mod agent;
 pub mod arm64;
 pub mod fixtures;
 pub mod go;
+pub mod go_state;
 pub mod http;
 pub mod perf;
 pub mod pprof_raw;

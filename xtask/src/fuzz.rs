@@ -16,6 +16,7 @@ const TARGETS: &[&str] = &[
     "elf_object",
     "go_pclntab",
     "python_frames",
+    "go_runtime_state",
     "usdt_notes",
     "text_parsers",
     "cfi_rows",

@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick] [--agent PATH]`: the agent side by side with
+//! `cargo xtask bench [--quick] [--agent PATH] [--only SCENARIO]`: the agent side by side with
 //! perf, bpftrace and bcc on this machine, in one run. The full run writes
 //! BENCHMARKS.md; `--quick` runs every scenario for a second or two (a
 //! smoke test of the harness, called from `cargo xtask test`) and writes
@@ -7,6 +7,7 @@
 mod bpf_stats;
 mod codec;
 mod continuous;
+mod gostate;
 mod growth;
 mod listener;
 mod offcpu;
@@ -25,6 +26,20 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+
+/// The scenarios `--only` can name, in the order a full run runs them.
+const SCENARIOS: &[&str] = &[
+    "overhead",
+    "growth",
+    "codec",
+    "listener",
+    "off-cpu",
+    "probes",
+    "stripped",
+    "go-state",
+    "continuous",
+    "unwinding",
+];
 
 /// Paths and facts every scenario uses.
 pub struct Env {
@@ -105,12 +120,16 @@ impl Plan {
 pub fn run(args: &[String]) -> anyhow::Result<()> {
     let mut quick = false;
     let mut agent: Option<PathBuf> = None;
+    let mut only: Option<String> = None;
     let mut rest = args.iter();
     while let Some(arg) = rest.next() {
         match arg.as_str() {
             "--quick" => quick = true,
             "--agent" => agent = Some(rest.next().context("--agent needs a path")?.into()),
-            other => bail!("bench: unknown argument {other:?} (use --quick, --agent PATH)"),
+            "--only" => only = Some(rest.next().context("--only needs a scenario")?.clone()),
+            other => bail!(
+                "bench: unknown argument {other:?} (use --quick, --agent PATH, --only SCENARIO)"
+            ),
         }
     }
     let uid = crate::shell::output(std::process::Command::new("id").arg("-u"));
@@ -141,53 +160,91 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
         load_before: load_average(),
         ..report::Results::default()
     };
-    results.overhead = overhead::run(&env, &plan);
-    let mut errors = std::mem::take(&mut results.overhead.errors);
+    // One scenario alone (`--only go-state`), for working on it; the
+    // report then says the others were not run.
+    let wanted = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if let Some(name) = &only
+        && !SCENARIOS.contains(&name.as_str())
+    {
+        bail!(
+            "bench: no scenario {name:?} (one of {})",
+            SCENARIOS.join(", ")
+        );
+    }
+    let mut errors = Vec::new();
+    if wanted("overhead") {
+        results.overhead = overhead::run(&env, &plan);
+        errors.append(&mut results.overhead.errors);
+    }
     let mut attempt = |what: &str, result: anyhow::Result<()>| {
         if let Err(error) = result {
             errors.push(format!("{what}: {error:#}"));
         }
     };
-    attempt(
-        "processes",
-        growth::processes(&env, &plan).map(|r| results.processes = r),
-    );
-    attempt(
-        "stacks",
-        growth::stacks(&env, &plan).map(|r| results.stacks = r),
-    );
-    attempt("CPUs", growth::cpus(&env, &plan).map(|r| results.cpus = r));
-    attempt(
-        "symbolization",
-        codec::symbolize(&env, &plan).map(|r| results.symbolize = r),
-    );
-    attempt(
-        "encoding",
-        codec::encoding(&env, &plan).map(|r| results.encoding = Some(r)),
-    );
-    attempt(
-        "listener",
-        listener::run(&env, &plan).map(|r| results.listener = Some(r)),
-    );
-    results.off_cpu = offcpu::run(&env, &plan);
-    errors.append(&mut results.off_cpu.errors);
-    results.probes = probes::run(&env, &plan);
-    errors.append(&mut results.probes.errors);
-    results.stripped = stripped::run(&env, &plan);
-    errors.append(&mut results.stripped.errors);
-    results.continuous = continuous::run(&env, &plan);
-    errors.append(&mut results.continuous.errors);
-    let (unwinding, mut unwinding_errors) = unwinding::run(&env, &plan);
-    results.unwinding = unwinding;
-    errors.append(&mut unwinding_errors);
+    if wanted("growth") {
+        attempt(
+            "processes",
+            growth::processes(&env, &plan).map(|r| results.processes = r),
+        );
+        attempt(
+            "stacks",
+            growth::stacks(&env, &plan).map(|r| results.stacks = r),
+        );
+        attempt("CPUs", growth::cpus(&env, &plan).map(|r| results.cpus = r));
+    }
+    if wanted("codec") {
+        attempt(
+            "symbolization",
+            codec::symbolize(&env, &plan).map(|r| results.symbolize = r),
+        );
+        attempt(
+            "encoding",
+            codec::encoding(&env, &plan).map(|r| results.encoding = Some(r)),
+        );
+    }
+    if wanted("listener") {
+        attempt(
+            "listener",
+            listener::run(&env, &plan).map(|r| results.listener = Some(r)),
+        );
+    }
+    if wanted("off-cpu") {
+        results.off_cpu = offcpu::run(&env, &plan);
+        errors.append(&mut results.off_cpu.errors);
+    }
+    if wanted("probes") {
+        results.probes = probes::run(&env, &plan);
+        errors.append(&mut results.probes.errors);
+    }
+    if wanted("stripped") {
+        results.stripped = stripped::run(&env, &plan);
+        errors.append(&mut results.stripped.errors);
+    }
+    if wanted("go-state") {
+        results.go_state = gostate::run(&env, &plan);
+        errors.append(&mut results.go_state.errors);
+    }
+    if wanted("continuous") {
+        results.continuous = continuous::run(&env, &plan);
+        errors.append(&mut results.continuous.errors);
+    }
+    if wanted("unwinding") {
+        let (unwinding, mut unwinding_errors) = unwinding::run(&env, &plan);
+        results.unwinding = unwinding;
+        errors.append(&mut unwinding_errors);
+    }
     results.load_after = load_average();
     results.elapsed = started.elapsed();
     results.errors = errors;
 
     let text = report::markdown(&env, &plan, &results);
     println!("{text}");
-    let path = if quick {
-        scratch.join("BENCHMARKS-quick.md")
+    let path = if quick || only.is_some() {
+        scratch.join(if quick {
+            "BENCHMARKS-quick.md"
+        } else {
+            "BENCHMARKS-partial.md"
+        })
     } else {
         root.join("BENCHMARKS.md")
     };

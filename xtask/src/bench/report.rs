@@ -28,6 +28,7 @@ pub struct Results {
     pub off_cpu: super::offcpu::OffCpuBench,
     pub stripped: super::stripped::Stripped,
     pub probes: super::probes::ProbeBench,
+    pub go_state: super::gostate::GoState,
     pub load_before: String,
     pub load_after: String,
     pub elapsed: Duration,
@@ -315,6 +316,8 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
     probes_section(&mut md, &r.probes);
 
     off_cpu_section(&mut md, plan, &r.off_cpu);
+
+    super::gostate::section(&mut md, plan, &r.go_state);
 
     // Targets.
     let _ = writeln!(md, "## Targets\n");

@@ -26,17 +26,6 @@ pub fn at(target: &GoTarget, pc: u64) -> Vec<Frame> {
         .unwrap_or_default()
 }
 
-/// Whether two return addresses lie in the same function.
-pub fn same_function(target: &GoTarget, a: u64, b: u64) -> bool {
-    let entry = |pc: u64| {
-        target
-            .symbols
-            .function(target.link_address(pc).wrapping_sub(1))
-            .map(|f| f.entry())
-    };
-    matches!((entry(a), entry(b)), (Some(x), Some(y)) if x == y)
-}
-
 /// The location of `address` with `frames` as its lines (innermost
 /// first), built once per `key`.
 pub fn location<L: std::hash::Hash + Eq, M: std::hash::Hash + Eq>(

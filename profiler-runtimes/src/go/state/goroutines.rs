@@ -81,6 +81,46 @@ impl Goroutine {
     }
 }
 
+/// A goroutine's stack read in large pieces: a walk reads a word per
+/// frame, and a read per word would cost a system call each.
+struct StackWindow {
+    hi: u64,
+    start: u64,
+    bytes: Vec<u8>,
+}
+
+/// Largest piece of a stack read at once.
+const STACK_PIECE: u64 = 64 << 10;
+
+impl StackWindow {
+    fn new(hi: u64) -> Self {
+        StackWindow {
+            hi,
+            start: 0,
+            bytes: Vec::new(),
+        }
+    }
+
+    /// The word at `at`: from the piece read, else from a new piece that
+    /// starts there and runs to the stack's top (or `STACK_PIECE`).
+    fn u64(&mut self, memory: &impl Memory, at: u64) -> Option<u64> {
+        let inside =
+            at >= self.start && at.saturating_add(8) <= self.start + self.bytes.len() as u64;
+        if !inside {
+            let len = self.hi.saturating_sub(at).clamp(8, STACK_PIECE);
+            self.bytes = memory
+                .bytes(at, len as usize)
+                .or_else(|_| memory.bytes(at, 8))
+                .ok()?;
+            self.start = at;
+        }
+        let o = (at - self.start) as usize;
+        Some(u64::from_le_bytes(
+            self.bytes.get(o..o + 8)?.try_into().ok()?,
+        ))
+    }
+}
+
 /// What an entry of `allgs` holds.
 enum Entry {
     /// Exited, kept for reuse.
@@ -281,15 +321,26 @@ impl GoTarget {
             truncated,
             created_at: u64_at(layout.g_gopc),
             parent: layout.g_parent_goid.map(u64_at).filter(|&p| p != 0),
-            labels: self.labels(u64_at(layout.g_labels), layout),
+            labels: label_set(&self.memory, u64_at(layout.g_labels), layout.labels_in_map),
         }))
     }
 
     /// Whether the goroutine at `g` is still as read: the same status and,
-    /// parked, the same saved PC.
+    /// parked, the same saved PC (one read covers both).
     fn settled(&self, g: u64, layout: &RuntimeLayout, goroutine: &Goroutine) -> bool {
-        let status = self.memory.u32(g + layout.g_status).ok();
-        let pc = self.memory.u64(g + layout.g_sched_pc).ok();
+        let from = layout.g_sched_pc;
+        let Ok(bytes) = self
+            .memory
+            .bytes(g + from, (layout.g_status + 4 - from) as usize)
+        else {
+            return false;
+        };
+        let at = |offset: u64, len: usize| {
+            let o = (offset - from) as usize;
+            bytes.get(o..o + len)
+        };
+        let status = at(layout.g_status, 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")));
+        let pc = at(layout.g_sched_pc, 8).map(|b| u64::from_le_bytes(b.try_into().expect("8")));
         status == Some(goroutine.status)
             && (goroutine.is_running()
                 || goroutine.pcs.is_empty()
@@ -331,6 +382,7 @@ impl GoTarget {
         lr: Option<u64>,
     ) -> (Vec<u64>, bool) {
         let arm64 = self.symbols.pc_quantum() == 4;
+        let mut stack = StackWindow::new(hi);
         let mut pcs = vec![pc];
         while pcs.len() < MAX_FRAMES {
             if sp < lo || sp >= hi {
@@ -373,7 +425,7 @@ impl GoTarget {
                 if caller_sp > hi {
                     return (pcs, true);
                 }
-                let Ok(ret) = self.memory.u64(return_at) else {
+                let Some(ret) = stack.u64(&self.memory, return_at) else {
                     return (pcs, true);
                 };
                 (ret, caller_sp)
@@ -398,96 +450,94 @@ impl GoTarget {
             return Vec::new();
         };
         (0..count.min(256) as u64)
-            .map(|i| self.string(table + 16 * i, 128).unwrap_or_default())
+            .map(|i| go_string(&self.memory, table + 16 * i, 128).unwrap_or_default())
             .collect()
     }
+}
 
-    /// A Go string header's text at `at` (at most `max` bytes).
-    fn string(&self, at: u64, max: u64) -> Option<String> {
-        let header = self.memory.array::<16>(at).ok()?;
-        let data = u64::from_le_bytes(header[..8].try_into().ok()?);
-        let len = u64::from_le_bytes(header[8..].try_into().ok()?);
-        if len > max {
-            return None;
-        }
-        let bytes = self.memory.bytes(data, len as usize).ok()?;
-        Some(String::from_utf8_lossy(&bytes).into_owned())
+/// A Go string header's text at `at` (at most `max` bytes).
+pub fn go_string(memory: &impl Memory, at: u64, max: u64) -> Option<String> {
+    let header = memory.array::<16>(at).ok()?;
+    let data = u64::from_le_bytes(header[..8].try_into().ok()?);
+    let len = u64::from_le_bytes(header[8..].try_into().ok()?);
+    if len > max {
+        return None;
     }
+    let bytes = memory.bytes(data, len as usize).ok()?;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
 
-    /// A goroutine's pprof labels, from `g.labels`: a pointer to a
-    /// `map[string]string` (Go 1.19 to 1.23), or to a sorted slice of
-    /// {key, value} (1.24 on).
-    fn labels(&self, at: u64, layout: &RuntimeLayout) -> Vec<(String, String)> {
-        if at == 0 {
-            return Vec::new();
-        }
-        let mut labels = if layout.labels_in_map {
-            self.map_labels(at).unwrap_or_default()
-        } else {
-            self.slice_labels(at).unwrap_or_default()
-        };
-        labels.sort();
-        labels
+/// A goroutine's pprof labels, from `g.labels`: a pointer to a
+/// `map[string]string` (Go 1.19 to 1.23), or to a sorted slice of
+/// {key, value} (1.24 on).
+pub fn label_set(memory: &impl Memory, at: u64, in_map: bool) -> Vec<(String, String)> {
+    if at == 0 {
+        return Vec::new();
     }
+    let mut labels = if in_map {
+        map_labels(memory, at).unwrap_or_default()
+    } else {
+        slice_labels(memory, at).unwrap_or_default()
+    };
+    labels.sort();
+    labels
+}
 
-    fn slice_labels(&self, at: u64) -> Option<Vec<(String, String)>> {
-        let header = self.memory.array::<24>(at).ok()?;
-        let data = u64::from_le_bytes(header[..8].try_into().ok()?);
-        let len = u64::from_le_bytes(header[8..16].try_into().ok()?);
-        Some(
-            (0..len.min(MAX_LABELS))
-                .filter_map(|i| {
-                    let entry = data + 32 * i;
-                    Some((
-                        self.string(entry, MAX_TEXT)?,
-                        self.string(entry + 16, MAX_TEXT)?,
-                    ))
-                })
-                .collect(),
-        )
+fn slice_labels(memory: &impl Memory, at: u64) -> Option<Vec<(String, String)>> {
+    let header = memory.array::<24>(at).ok()?;
+    let data = u64::from_le_bytes(header[..8].try_into().ok()?);
+    let len = u64::from_le_bytes(header[8..16].try_into().ok()?);
+    Some(
+        (0..len.min(MAX_LABELS))
+            .filter_map(|i| {
+                let entry = data + 32 * i;
+                Some((
+                    go_string(memory, entry, MAX_TEXT)?,
+                    go_string(memory, entry + 16, MAX_TEXT)?,
+                ))
+            })
+            .collect(),
+    )
+}
+
+/// A classic (pre-1.24) `map[string]string`: `*hmap`, then 2^B
+/// buckets of 8 slots (tophash[8], keys[8], values[8], overflow),
+/// each followed through its overflow chain; a slot is in use when
+/// its tophash is at least `minTopHash` (5).
+fn map_labels(memory: &impl Memory, at: u64) -> Option<Vec<(String, String)>> {
+    const SLOT_KEYS: u64 = 8;
+    const SLOT_VALUES: u64 = 8 + 8 * 16;
+    const OVERFLOW: u64 = 8 + 16 * 16;
+    const BUCKET: u64 = OVERFLOW + 8;
+    let hmap = memory.u64(at).ok()?;
+    if hmap == 0 {
+        return Some(Vec::new());
     }
-
-    /// A classic (pre-1.24) `map[string]string`: `*hmap`, then 2^B
-    /// buckets of 8 slots (tophash[8], keys[8], values[8], overflow),
-    /// each followed through its overflow chain; a slot is in use when
-    /// its tophash is at least `minTopHash` (5).
-    fn map_labels(&self, at: u64) -> Option<Vec<(String, String)>> {
-        const SLOT_KEYS: u64 = 8;
-        const SLOT_VALUES: u64 = 8 + 8 * 16;
-        const OVERFLOW: u64 = 8 + 16 * 16;
-        const BUCKET: u64 = OVERFLOW + 8;
-        let hmap = self.memory.u64(at).ok()?;
-        if hmap == 0 {
-            return Some(Vec::new());
-        }
-        let header = self.memory.array::<24>(hmap).ok()?;
-        let count = u64::from_le_bytes(header[..8].try_into().ok()?);
-        let b = header[9].min(8);
-        let buckets = u64::from_le_bytes(header[16..24].try_into().ok()?);
-        let mut labels = Vec::new();
-        let mut visited = HashSet::new();
-        for i in 0..(1u64 << b) {
-            let mut bucket = buckets + i * BUCKET;
-            while bucket != 0
-                && visited.insert(bucket)
-                && (labels.len() as u64) < count.min(MAX_LABELS)
-            {
-                let tophash = self.memory.array::<8>(bucket).ok()?;
-                for (slot, &top) in tophash.iter().enumerate() {
-                    if top >= 5 {
-                        let slot = slot as u64;
-                        labels.push((
-                            self.string(bucket + SLOT_KEYS + 16 * slot, MAX_TEXT)?,
-                            self.string(bucket + SLOT_VALUES + 16 * slot, MAX_TEXT)?,
-                        ));
-                    }
+    let header = memory.array::<24>(hmap).ok()?;
+    let count = u64::from_le_bytes(header[..8].try_into().ok()?);
+    let b = header[9].min(8);
+    let buckets = u64::from_le_bytes(header[16..24].try_into().ok()?);
+    let mut labels = Vec::new();
+    let mut visited = HashSet::new();
+    for i in 0..(1u64 << b) {
+        let mut bucket = buckets + i * BUCKET;
+        while bucket != 0 && visited.insert(bucket) && (labels.len() as u64) < count.min(MAX_LABELS)
+        {
+            let tophash = memory.array::<8>(bucket).ok()?;
+            for (slot, &top) in tophash.iter().enumerate() {
+                if top >= 5 {
+                    let slot = slot as u64;
+                    labels.push((
+                        go_string(memory, bucket + SLOT_KEYS + 16 * slot, MAX_TEXT)?,
+                        go_string(memory, bucket + SLOT_VALUES + 16 * slot, MAX_TEXT)?,
+                    ));
                 }
-                bucket = self.memory.u64(bucket + OVERFLOW).ok()?;
             }
+            bucket = memory.u64(bucket + OVERFLOW).ok()?;
         }
-        labels.truncate(MAX_LABELS as usize);
-        Some(labels)
     }
+    labels.truncate(MAX_LABELS as usize);
+    Some(labels)
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the runtime's `nanotime`.
@@ -833,6 +883,47 @@ mod tests {
             parent: None,
             labels: Vec::new(),
         }
+    }
+
+    /// Memory at 0x1000 with `words` (8 bytes each) and `text` after them.
+    fn image(words: &[u64], text: &[u8]) -> crate::memory::ImageMemory {
+        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes.extend_from_slice(text);
+        crate::memory::ImageMemory {
+            base: 0x1000,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn label_sets_are_read_in_both_forms() {
+        // Go 1.24 on: a pointer to a slice of {key, value} strings.
+        // 0x1000: {data 0x1018, len 1, cap 1}; 0x1018: key, value headers;
+        // text at 0x1038.
+        let text_at = 0x1000 + 7 * 8;
+        let slice = image(&[0x1018, 1, 1, text_at, 8, text_at + 8, 3], b"endpoint/ok");
+        assert_eq!(
+            label_set(&slice, 0x1000, false),
+            [("endpoint".to_string(), "/ok".to_string())]
+        );
+        // Until 1.23: a pointer to a map[string]string: *hmap, one bucket
+        // (B = 0) with one slot in use (tophash >= 5).
+        let hmap = 0x1008u64;
+        let bucket = 0x1030u64;
+        let text = bucket + 8 + 16 * 16 + 8;
+        let mut words = vec![hmap, 1, 0, bucket, 0, 0];
+        words.push(u64::from_le_bytes([7, 0, 0, 0, 0, 0, 0, 0]));
+        words.extend([text, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        words.extend([text + 1, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        words.push(0);
+        let map = image(&words, b"kvv");
+        assert_eq!(
+            label_set(&map, 0x1000, true),
+            [("k".to_string(), "vv".to_string())]
+        );
+        // A forged length is cut, a string past memory is left out.
+        let forged = image(&[0x1018, u64::MAX, 1, 0xdead_0000, 8, 0, 0], b"");
+        assert!(label_set(&forged, 0x1000, false).is_empty());
     }
 
     #[test]

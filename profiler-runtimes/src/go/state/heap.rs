@@ -184,6 +184,10 @@ pub fn read_buckets(
     Ok((records, skipped))
 }
 
+/// Stack depth read with the header in one system call: most buckets
+/// hold fewer frames, deeper ones take a second read.
+const FIRST_READ_DEPTH: u64 = 32;
+
 /// One bucket and the next one's address.
 fn read_bucket(
     memory: &impl Memory,
@@ -191,33 +195,42 @@ fn read_bucket(
     cycle_bytes: u64,
 ) -> Result<(Bucket, u64), BucketError> {
     let unreadable = |e: std::io::Error| BucketError::Unreadable(at, e.to_string());
-    let header = memory
-        .bytes(at, BUCKET_STACK as usize)
-        .map_err(unreadable)?;
-    let word = |offset: u64| {
-        let o = offset as usize;
-        u64::from_le_bytes(header[o..o + 8].try_into().expect("8 bytes"))
+    // The header and (usually) all the rest at once; near the end of a
+    // mapping, the header alone.
+    let first = BUCKET_STACK + FIRST_READ_DEPTH * 8 + 4 * cycle_bytes;
+    let mut bytes = match memory.bytes(at, first as usize) {
+        Ok(bytes) => bytes,
+        Err(_) => memory
+            .bytes(at, BUCKET_STACK as usize)
+            .map_err(unreadable)?,
     };
-    let kind = word(BUCKET_TYPE);
+    let word = |bytes: &[u8], offset: u64| {
+        let o = offset as usize;
+        u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"))
+    };
+    let kind = word(&bytes, BUCKET_TYPE);
     if kind != MEM_PROFILE {
         return Err(BucketError::Type(at, kind));
     }
-    let depth = word(BUCKET_NSTK);
+    let depth = word(&bytes, BUCKET_NSTK);
     if depth > MAX_STACK {
         return Err(BucketError::Depth(at, depth));
     }
+    let size = word(&bytes, BUCKET_SIZE);
+    let next = word(&bytes, BUCKET_ALLNEXT);
     // The stack and the four cycle records follow the header.
-    let body = memory
-        .bytes(
-            at.wrapping_add(BUCKET_STACK),
-            (depth * 8 + 4 * cycle_bytes) as usize,
-        )
-        .map_err(unreadable)?;
+    let whole = (BUCKET_STACK + depth * 8 + 4 * cycle_bytes) as usize;
+    if bytes.len() < whole {
+        let rest = memory
+            .bytes(at.wrapping_add(bytes.len() as u64), whole - bytes.len())
+            .map_err(unreadable)?;
+        bytes.extend_from_slice(&rest);
+    }
+    let body = &bytes[BUCKET_STACK as usize..whole];
     let words: Vec<u64> = body
         .chunks_exact(8)
         .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
         .collect();
-    let size = word(BUCKET_SIZE);
     let (pcs, counts) = words.split_at(depth as usize);
     let per = (cycle_bytes / 8) as usize;
     let mut cycles = [Cycle::default(); 4];
@@ -248,7 +261,7 @@ fn read_bucket(
             size,
             cycles,
         },
-        word(BUCKET_ALLNEXT),
+        next,
     ))
 }
 
@@ -378,6 +391,7 @@ pub fn heap_profile(target: &GoTarget, snapshot: &HeapSnapshot, start_unix_ns: i
 /// service's), each sample labelled with its `pid`.
 pub struct HeapProfileBuilder {
     builder: ProfileBuilder<(u32, u64), u32>,
+    names: HashMap<(u32, u64), Named>,
 }
 
 impl HeapProfileBuilder {
@@ -386,7 +400,10 @@ impl HeapProfileBuilder {
     pub fn new(start_unix_ns: i64, duration_ns: i64, rate: i64) -> Self {
         let mut builder = ProfileBuilder::new(start_unix_ns, duration_ns, rate);
         builder.kind(ProfileKind::Heap);
-        HeapProfileBuilder { builder }
+        HeapProfileBuilder {
+            builder,
+            names: HashMap::new(),
+        }
     }
 
     /// A sample of `record`'s site with `counts`, scaled at `rate`.
@@ -396,7 +413,13 @@ impl HeapProfileBuilder {
         let mapping = self
             .builder
             .mapping(target.pid, || super::executable_mapping(target));
-        let locations = stack(target, &mut self.builder, mapping, &record.pcs);
+        let locations = stack(
+            target,
+            &mut self.builder,
+            &mut self.names,
+            mapping,
+            &record.pcs,
+        );
         self.builder.sample(Sample {
             locations,
             values: vec![alloc_objects, alloc_space, inuse_objects, inuse_space],
@@ -471,14 +494,30 @@ impl HeapHistory {
 fn stack(
     target: &GoTarget,
     builder: &mut ProfileBuilder<(u32, u64), u32>,
+    names: &mut HashMap<(u32, u64), Named>,
     mapping: usize,
     pcs: &[u64],
 ) -> Vec<usize> {
-    let named: Vec<(u64, Vec<Frame>)> = pcs
+    // Heaps repeat their PCs (a hundred thousand stacks through a few
+    // hundred call sites): each is named once per profile.
+    let named: Vec<(u64, Named)> = pcs
         .iter()
-        .map(|&pc| (pc, frames::at_return_address(target, pc)))
-        .filter(|(_, frames)| {
-            frames
+        .map(|&pc| {
+            let named = names
+                .entry((target.pid, pc))
+                .or_insert_with(|| Named {
+                    frames: frames::at_return_address(target, pc).into(),
+                    entry: target
+                        .symbols
+                        .function(target.link_address(pc).wrapping_sub(1))
+                        .map(|f| f.entry()),
+                })
+                .clone();
+            (pc, named)
+        })
+        .filter(|(_, named)| {
+            named
+                .frames
                 .first()
                 .is_none_or(|f| f.function != "runtime.goexit")
         })
@@ -489,31 +528,42 @@ fn stack(
             name.starts_with("runtime.") || name.starts_with("internal/runtime/")
         })
     };
-    let first_user = named.iter().position(|(_, f)| !is_runtime(f)).unwrap_or(0);
+    let first_user = named
+        .iter()
+        .position(|(_, n)| !is_runtime(&n.frames))
+        .unwrap_or(0);
     let mut locations = Vec::new();
     let mut i = first_user;
     while i < named.len() {
-        let (pc, frames) = &named[i];
+        let (pc, this) = &named[i];
         let address = pc.wrapping_sub(1);
         locations.push(frames::location(
             builder,
             (target.pid, address),
             mapping,
             address,
-            frames,
+            &this.frames,
         ));
         // The next PCs (in the same function) name the callers this one
         // was inlined into: they are lines of this location already.
         let mut next = i + 1;
         while next < named.len()
-            && next < i + frames.len()
-            && frames::same_function(target, *pc, named[next].0)
+            && next < i + this.frames.len()
+            && this.entry.is_some()
+            && named[next].1.entry == this.entry
         {
             next += 1;
         }
         i = next;
     }
     locations
+}
+
+/// A return address's frames and its function's entry, looked up once.
+#[derive(Clone)]
+struct Named {
+    frames: std::sync::Arc<[Frame]>,
+    entry: Option<u64>,
 }
 
 #[cfg(test)]

@@ -32,6 +32,9 @@ use super::pclntab::GoSymbols;
 use crate::memory::{Memory, ProcessMemory};
 use globals::{Global, Globals};
 
+/// Largest executable mapped (as for every file the agent maps).
+const MAX_EXECUTABLE_BYTES: u64 = 8 << 30;
+
 /// Why a process's Go runtime state cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
@@ -101,6 +104,17 @@ impl GoTarget {
             .map(|p| p.display().to_string())
             .map_err(|e| process(format!("{exe}: {e} (is the process running?)")))?;
         let file = std::fs::File::open(&exe).map_err(|e| process(format!("{exe}: {e}")))?;
+        // As for every file the agent maps for a process: a regular file
+        // of bounded size.
+        let metadata = file
+            .metadata()
+            .map_err(|e| process(format!("{exe}: {e}")))?;
+        if !metadata.is_file() || metadata.len() > MAX_EXECUTABLE_BYTES {
+            return Err(process(format!(
+                "{path}: not a regular file of at most {} GiB",
+                MAX_EXECUTABLE_BYTES >> 30
+            )));
+        }
         // SAFETY: a read-only mapping of a file we only read (see
         // profiler-symbolize: a truncated file faults reads, as for any
         // profiler reading live binaries).
