@@ -165,7 +165,10 @@ pub const SAMPLE_FLAG_GO_LABELS: u16 = 1 << 4;
 /// User-space registers an unwinder starts from. On x86_64 `fp` is RBP and
 /// `lr` is 0; on arm64 `fp` is X29 and `lr` is X30. `go_g` is the register
 /// Go code keeps its current goroutine in (R14, X28): a g only when the
-/// interrupted code was Go's, so it is checked before use.
+/// interrupted code was Go's, so it is checked before use. `bcp` is the
+/// register HotSpot's template interpreter keeps its bytecode pointer in
+/// (R13, X22): a bytecode pointer only when the interrupted code was the
+/// interpreter's, so it too is checked before use.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct UserRegs {
@@ -174,6 +177,7 @@ pub struct UserRegs {
     pub fp: u64,
     pub lr: u64,
     pub go_g: u64,
+    pub bcp: u64,
 }
 
 /// Declares the kernel counters, one row each: the variant (its slot in
@@ -270,6 +274,12 @@ counters! {
     /// Samples whose Python frames were cut: a frame could not be read, or
     /// the chain was deeper than `runtimes::python::MAX_PY_FRAMES`.
     PythonCut = 21, "python_cut", "profiler_agent_kernel_python_cut_total";
+    /// Java frames written into stacks (interpreted and compiled frames
+    /// of HotSpot's code cache).
+    JavaFrames = 22, "java_frames", "profiler_agent_kernel_java_frames_total";
+    /// Samples whose Java frames were cut: a frame that could not be read
+    /// or followed (a freed blob, a frame without a caller).
+    JavaCut = 23, "java_cut", "profiler_agent_kernel_java_cut_total";
 }
 
 /// Number of `Counter` slots.
@@ -287,6 +297,8 @@ mod pod {
     unsafe impl aya::Pod for super::Sample {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::UserRegs {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::runtimes::hotspot::JvmProcess {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::offcpu::OffCpuThread {}
     // SAFETY: as above.

@@ -206,6 +206,7 @@ impl Agent {
                 }),
             go_labels: config.go_labels.config(),
             python: config.python,
+            java: config.java,
         };
         let recorder = Recorder::start(&sampling)?;
         let (pull_tx, pull_requests) = std::sync::mpsc::channel();

@@ -103,6 +103,9 @@ pub struct Config {
     /// Python frames (function, file, line) in the stacks of CPython
     /// processes, interleaved with their native frames.
     pub python: bool,
+    /// Java frames (method, file, line; inlined methods too) in the
+    /// stacks of HotSpot JVMs, interleaved with their native frames.
+    pub java: bool,
     /// Go services' heap profiles, read from their memory each window
     /// (allocations in the window, memory in use at its end): the
     /// `memory` profile, and `/debug/pprof/heap`.
@@ -231,6 +234,7 @@ impl Default for Config {
             debuginfod: DebuginfodSection::default(),
             go_labels: GoLabelsSection::default(),
             python: true,
+            java: true,
             go_heap: true,
             auth: Default::default(),
             probes: Vec::new(),

@@ -16,6 +16,8 @@ mod layout {
     /// into pt_regs: r14 (word 1) through sp (word 19).
     pub const BLOCK_START: usize = 8;
     pub const BLOCK_WORDS: usize = 19;
+    /// r13: HotSpot's interpreter keeps the bytecode pointer there.
+    pub const BCP: usize = 2 - 1;
     /// Word indices in the block.
     pub const PC: usize = 16 - 1; // ip
     pub const SP: usize = 19 - 1; // sp
@@ -56,16 +58,19 @@ mod layout {
 #[cfg(bpf_target_arch = "aarch64")]
 mod layout {
     /// The registers read, as one block of words from `BLOCK_START` bytes
-    /// into pt_regs: x28 (word 28) through syscallno (word 35, low half).
-    pub const BLOCK_START: usize = 28 * 8;
-    pub const BLOCK_WORDS: usize = 8;
+    /// into pt_regs: x22 (word 22) through syscallno (word 35, low half).
+    pub const BLOCK_START: usize = 22 * 8;
+    pub const BLOCK_WORDS: usize = 14;
     /// Word indices in the block.
-    pub const PC: usize = 32 - 28; // pc, after regs[31] and sp
-    pub const SP: usize = 31 - 28; // sp
-    pub const FP: usize = 29 - 28; // x29
-    pub const LR: Option<usize> = Some(30 - 28); // x30
+    pub const PC: usize = 32 - 22; // pc, after regs[31] and sp
+    pub const SP: usize = 31 - 22; // sp
+    pub const FP: usize = 29 - 22; // x29
+    pub const LR: Option<usize> = Some(30 - 22); // x30
     /// x28: Go's g register.
-    pub const GO_G: usize = 0;
+    pub const GO_G: usize = 28 - 22;
+    /// x22: HotSpot's interpreter keeps the bytecode pointer there
+    /// (`rbcp`).
+    pub const BCP: usize = 0;
     /// End of the user half of the address space (52-bit VAs at most).
     pub const USER_LIMIT: u64 = 1 << 52;
     /// Pointer authentication signs return addresses in the bits above the
@@ -75,9 +80,9 @@ mod layout {
 
     /// syscallno (s32, after orig_x0): NO_SYSCALL (-1) for every entry
     /// from user mode but `svc`.
-    pub const SYSCALL_NR: usize = 35 - 28;
+    pub const SYSCALL_NR: usize = 35 - 22;
     pub const SYSCALL_CX: Option<(usize, usize)> = None;
-    pub const FLAGS: usize = 33 - 28; // pstate
+    pub const FLAGS: usize = 33 - 22; // pstate
     /// syscallno is 32 bits wide (the low half of its word).
     pub const SYSCALL_NR_BITS: u32 = 32;
 
@@ -188,6 +193,7 @@ pub fn saved_user() -> SavedUser {
             sp: word(layout::SP),
             fp: word(layout::FP),
             go_g: word(layout::GO_G),
+            bcp: word(layout::BCP),
             lr: layout::LR.map_or(0, word),
         },
         in_system_call,

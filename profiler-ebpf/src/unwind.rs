@@ -124,6 +124,7 @@ pub fn walk_user_stack(
         (*state).fp = regs.fp;
         (*state).lr = machine::strip_pointer_auth(regs.lr);
         (*state).go_g = regs.go_g;
+        (*state).bcp = regs.bcp;
         // Field by field (`words`: no byte-wise memset).
         words::set(&raw mut (*state).mapping.start, 0);
         words::set(&raw mut (*state).mapping.end, 0);
@@ -139,6 +140,10 @@ pub fn walk_user_stack(
         words::set(&raw mut (*state).py_pending, 0);
         words::set(&raw mut (*state).py_unknown_thread, 0);
         words::set(&raw mut (*state).py_end, 0);
+        words::set(
+            &raw mut (*state).jvm_state,
+            runtimes::hotspot::JVM_UNSTARTED,
+        );
         if let Some(process) = UNWIND_PROCESSES.get(&pid) {
             (*state).first_mapping = process.first_mapping;
             (*state).mapping_count = process.mapping_count;
@@ -193,6 +198,22 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
             return STOP;
         }
         return CONTINUE;
+    }
+    // Java code in a JVM's code cache: its frame, and its caller, by the
+    // JVM's own layout (`runtimes::hotspot`).
+    if let Some(stepped) = runtimes::hotspot::step(state, sample) {
+        return match stepped {
+            Ok(Step::Next) => CONTINUE,
+            Ok(Step::End(end)) => {
+                state.end = end as u32;
+                STOP
+            }
+            Err(()) => {
+                bump(Counter::UserStackFailed);
+                state.end = UserStackEnd::ReadFault as u32;
+                STOP
+            }
+        };
     }
     let n = state.frames;
     // 64-bit arithmetic and one bounds check on the very value used as the

@@ -3,8 +3,10 @@
 //! (`runtimes::*`) read and move the same state.
 
 use aya_ebpf::helpers::bpf_probe_read_user;
+use profiler_common::runtimes::hotspot::{BLOB_WINDOW, JvmProcess};
 use profiler_common::runtimes::python::PyProcess;
 use profiler_common::unwind::{UnwindMapping, UserStackEnd};
+use profiler_common::{MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample};
 
 use crate::machine;
 
@@ -19,6 +21,9 @@ pub(crate) struct WalkState {
     pub(crate) lr: u64,
     /// Go's g register at the sample (a g only if the leaf was Go code).
     pub(crate) go_g: u64,
+    /// HotSpot's bytecode-pointer register at the sample (one only if the
+    /// leaf was the interpreter's).
+    pub(crate) bcp: u64,
     /// The mapping the previous frame was in (most callers are in the same
     /// object as their callee): start == end when none.
     pub(crate) mapping: UnwindMapping,
@@ -60,6 +65,13 @@ pub(crate) struct WalkState {
     pub(crate) py: PyProcess,
     /// The frame being read.
     pub(crate) py_window: [u8; crate::runtimes::python::WINDOW_BYTES],
+    /// HotSpot (`runtimes::hotspot`): `JVM_UNSTARTED`, `JVM_ON`, `JVM_OFF`.
+    pub(crate) jvm_state: u32,
+    pub(crate) _jvm_pad: u32,
+    /// The process's layout, copied once per walk.
+    pub(crate) jvm: JvmProcess,
+    /// The blob header being read.
+    pub(crate) jvm_window: [u8; BLOB_WINDOW],
 }
 
 pub(crate) enum Step {
@@ -77,6 +89,31 @@ pub(crate) fn read_user(address: u64) -> Result<u64, ()> {
 pub(crate) fn read_pair(address: u64) -> Result<[u64; 2], ()> {
     // SAFETY: bpf_probe_read_user checks the address; a fault is an Err.
     unsafe { bpf_probe_read_user(address as *const [u64; 2]) }.map_err(|_| ())
+}
+
+/// Writes a two-word runtime frame (`profiler_common::runtimes`) after the
+/// frames so far; false when the sample has no room for it.
+#[inline(always)]
+pub(crate) fn write_runtime_frame(
+    state: &mut WalkState,
+    sample: &mut Sample,
+    first: u64,
+    second: u64,
+) -> bool {
+    let n = state.frames;
+    let slot = state.kernel_frames as u64 + n as u64;
+    if n as usize + 2 > MAX_USER_FRAMES || slot + 2 > MAX_SAMPLE_FRAMES as u64 {
+        return false;
+    }
+    let slot = slot as usize;
+    if let Some(word) = sample.frames.get_mut(slot) {
+        *word = first;
+    }
+    if let Some(word) = sample.frames.get_mut(slot + 1) {
+        *word = second;
+    }
+    state.frames = n + 2;
+    true
 }
 
 /// Moves to the caller at `pc`; a return address of 0 ends the stack.

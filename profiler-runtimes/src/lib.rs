@@ -26,8 +26,10 @@
 //! How to add a runtime is in docs/runtimes.md.
 
 pub mod go;
+pub mod jvm;
 pub mod loading;
 pub mod memory;
+pub mod objects;
 pub mod python;
 
 use aya::Ebpf;
@@ -39,6 +41,9 @@ use profiler_symbolize::process::Process;
 use profiler_symbolize::{Frame, NameSource};
 
 use go::labels::{GoLabelRegistry, GoLabelStats};
+use jvm::JvmFrames;
+use jvm::registry::{JvmProcesses, JvmRegistry, JvmStats};
+use profiler_common::runtimes::hotspot::RUNTIME_HOTSPOT;
 use python::code::PythonFrames;
 use python::registry::{PythonProcesses, PythonRegistry, PythonStats};
 
@@ -61,6 +66,8 @@ pub struct RuntimeSettings {
     pub go_labels: bool,
     /// Write Python frames into the stacks of CPython processes.
     pub python: bool,
+    /// Write Java frames into the stacks of HotSpot JVMs.
+    pub java: bool,
 }
 
 /// Why the runtimes' part of the sampler could not start.
@@ -79,6 +86,7 @@ pub enum RuntimeError {
 pub struct RuntimeRegistry {
     go_labels: Option<GoLabelRegistry>,
     python: Option<PythonRegistry>,
+    jvm: Option<JvmRegistry>,
 }
 
 /// What the registries did, for the run's report.
@@ -86,6 +94,7 @@ pub struct RuntimeRegistry {
 pub struct RuntimeStats {
     pub go_labels: GoLabelStats,
     pub python: PythonStats,
+    pub jvm: JvmStats,
 }
 
 impl RuntimeRegistry {
@@ -113,7 +122,18 @@ impl RuntimeRegistry {
             ),
             false => None,
         };
-        Ok(RuntimeRegistry { go_labels, python })
+        let jvm = match settings.java {
+            true => Some(
+                JvmRegistry::spawn(map(ebpf, "JVM_PROCESSES")?)
+                    .map_err(|e| RuntimeError::Thread("jvm", e))?,
+            ),
+            false => None,
+        };
+        Ok(RuntimeRegistry {
+            go_labels,
+            python,
+            jvm,
+        })
     }
 
     /// A registry with no runtime (unwind tables off: nothing to walk).
@@ -121,6 +141,7 @@ impl RuntimeRegistry {
         RuntimeRegistry {
             go_labels: None,
             python: None,
+            jvm: None,
         }
     }
 
@@ -133,6 +154,9 @@ impl RuntimeRegistry {
         if let Some(registry) = &self.python {
             registry.register(process);
         }
+        if let Some(registry) = &self.jvm {
+            registry.register(process);
+        }
     }
 
     /// Forgets `pid` (it exited).
@@ -141,6 +165,9 @@ impl RuntimeRegistry {
             registry.unregister(pid);
         }
         if let Some(registry) = &self.python {
+            registry.unregister(pid);
+        }
+        if let Some(registry) = &self.jvm {
             registry.unregister(pid);
         }
     }
@@ -161,6 +188,9 @@ impl RuntimeRegistry {
         if let Some(registry) = &self.python {
             registry.flush();
         }
+        if let Some(registry) = &self.jvm {
+            registry.flush();
+        }
     }
 
     pub fn stats(&self) -> RuntimeStats {
@@ -175,6 +205,11 @@ impl RuntimeRegistry {
                 .as_ref()
                 .map(PythonRegistry::stats)
                 .unwrap_or_default(),
+            jvm: self
+                .jvm
+                .as_ref()
+                .map(JvmRegistry::stats)
+                .unwrap_or_default(),
         }
     }
 
@@ -183,6 +218,8 @@ impl RuntimeRegistry {
         RuntimeFrames {
             python: PythonFrames::default(),
             python_processes: self.python.as_ref().map(PythonRegistry::processes),
+            jvm: JvmFrames::default(),
+            jvm_processes: self.jvm.as_ref().map(JvmRegistry::processes),
         }
     }
 }
@@ -192,6 +229,8 @@ impl RuntimeRegistry {
 pub struct RuntimeFrames {
     python: PythonFrames,
     python_processes: Option<PythonProcesses>,
+    jvm: JvmFrames,
+    jvm_processes: Option<JvmProcesses>,
 }
 
 impl RuntimeFrames {
@@ -201,38 +240,51 @@ impl RuntimeFrames {
     pub fn observe(&mut self, pid: u32, words: &[u64]) {
         for frame in profiler_unwind::user_frames(words) {
             if let profiler_unwind::UserFrame::Runtime { first, second } = frame {
-                self.frame(pid, first, second);
+                self.frames(pid, first, second);
             }
         }
     }
 
-    /// The frame of a runtime frame's two words.
-    pub fn frame(&mut self, pid: u32, first: u64, second: u64) -> Frame {
+    /// The frames of a runtime frame's two words: one, or (a compiled Java
+    /// frame) the methods inlined there too, innermost first.
+    pub fn frames(&mut self, pid: u32, first: u64, second: u64) -> Vec<Frame> {
         let kind = (first >> RUNTIME_KIND_SHIFT) & 0x3f;
         let payload = first & RUNTIME_PAYLOAD_MASK;
         match kind {
-            RUNTIME_CPYTHON if payload == 0 => Frame::named(match second {
-                profiler_common::runtimes::python::PY_CUT_TOO_DEEP => "[python: deeper frames cut]",
-                _ => "[python: frame unreadable]",
-            })
-            .from_source(NameSource::CPython),
+            RUNTIME_CPYTHON if payload == 0 => vec![
+                Frame::named(match second {
+                    profiler_common::runtimes::python::PY_CUT_TOO_DEEP => {
+                        "[python: deeper frames cut]"
+                    }
+                    _ => "[python: frame unreadable]",
+                })
+                .from_source(NameSource::CPython),
+            ],
             RUNTIME_CPYTHON => {
                 let process = self
                     .python_processes
                     .as_ref()
                     .and_then(|p| p.read().ok()?.get(&pid).cloned());
-                match process {
+                vec![match process {
                     Some(process) => self.python.frame(&process.interpreter, payload, second),
                     None => Frame::named(format!("[python] code {payload:#x}"))
                         .from_source(NameSource::CPython),
-                }
+                }]
             }
-            other => Frame::named(format!("[runtime {other}] {payload:#x}")),
+            RUNTIME_HOTSPOT => {
+                let jvm = self
+                    .jvm_processes
+                    .as_ref()
+                    .and_then(|p| p.read().ok()?.get(&pid).cloned());
+                self.jvm.frames(jvm.as_deref(), payload, second)
+            }
+            other => vec![Frame::named(format!("[runtime {other}] {payload:#x}"))],
         }
     }
 
     /// Forgets the frames of processes `keep` says are gone.
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
-        self.python.retain(keep);
+        self.python.retain(&keep);
+        self.jvm.retain(keep);
     }
 }

@@ -48,6 +48,8 @@ pub enum NameSource {
     Vdso,
     /// A CPython code object, read from the process (a Python frame).
     CPython,
+    /// A HotSpot method, read from the JVM (a Java frame).
+    Jvm,
 }
 
 impl NameSource {
@@ -65,6 +67,7 @@ impl NameSource {
             NameSource::PerfMap => "perf-map",
             NameSource::Vdso => "vdso",
             NameSource::CPython => "cpython",
+            NameSource::Jvm => "jvm",
         }
     }
 }

@@ -148,6 +148,13 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_python: bool,
 
+    /// Leave out Java frames. By default the stacks of HotSpot JVMs
+    /// (OpenJDK 17 to 25) show each Java method with its file and line,
+    /// interpreted or compiled, inlined methods included, between the
+    /// native frames; no JVM flag is needed.
+    #[arg(long)]
+    pub no_java: bool,
+
     /// Keep only these Go label keys (comma-separated, `*` globs).
     #[arg(
         long,

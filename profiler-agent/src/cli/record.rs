@@ -44,6 +44,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         off_cpu: args.off_cpu_config(),
         go_labels: args.go_labels_config(),
         python: !args.no_python,
+        java: !args.no_java,
     };
     args.debuginfod.configure();
     let mut recorder = Recorder::start(&config)?;
@@ -402,6 +403,18 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
         );
         for why in &p.refused {
             eprintln!("  no Python frames for {why}");
+        }
+    }
+    let j = &recording.runtime_stats.jvm;
+    if j.processes > 0 || !j.refused.is_empty() {
+        eprintln!(
+            "  Java: frames read in {} JVMs; {} Java frames written, {} stacks cut in Java code",
+            j.processes,
+            c[Counter::JavaFrames],
+            c[Counter::JavaCut],
+        );
+        for why in &j.refused {
+            eprintln!("  no Java frames for {why}");
         }
     }
     let t = &recording.unwind_tables;

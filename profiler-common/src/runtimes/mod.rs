@@ -2,6 +2,7 @@
 //! module per runtime (its user-space home is profiler-runtimes).
 
 pub mod go;
+pub mod hotspot;
 pub mod python;
 
 use crate::unwind::FRAME_EXACT_PC;

@@ -52,10 +52,15 @@ mod unwind;
 mod go_stacks;
 #[path = "../runtimes/python.rs"]
 mod python_walker;
+// Likewise its HotSpot walker: no JVM is registered with this object, so
+// its Java frames stay out (native frames as before).
+#[path = "../runtimes/hotspot.rs"]
+mod hotspot_walker;
 mod runtimes {
     pub mod go {
         pub(crate) use crate::go_stacks as stacks;
     }
+    pub(crate) use crate::hotspot_walker as hotspot;
     pub(crate) use crate::python_walker as python;
 }
 #[path = "../walk.rs"]

@@ -3,4 +3,5 @@
 //! `profiler_common::runtimes`).
 
 pub mod go;
+pub mod hotspot;
 pub mod python;

@@ -22,9 +22,9 @@ use profiler_common::runtimes::python::{
     PY_FRAME_TAG, PY_LAYOUT_310, PY_LAYOUT_311, PY_LAYOUT_312, PyProcess, PyThread,
     RUNTIME_PAYLOAD_MASK,
 };
-use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample};
+use profiler_common::{Counter, Sample};
 
-use crate::walk::{WalkState, read_user};
+use crate::walk::{WalkState, read_user, write_runtime_frame};
 use crate::{bump, machine, words};
 
 /// CPython processes and where they keep what the walker reads, written by
@@ -150,7 +150,7 @@ pub(crate) fn step(state: &mut WalkState, sample: &mut Sample) -> bool {
         }
         _ => return cut(state, sample, PY_CUT_READ_FAULT),
     };
-    if !write(
+    if !write_runtime_frame(
         state,
         sample,
         PY_FRAME_TAG | (code & RUNTIME_PAYLOAD_MASK),
@@ -173,26 +173,7 @@ fn cut(state: &mut WalkState, sample: &mut Sample, reason: u64) -> bool {
     bump(Counter::PythonCut);
     state.py_state = PY_OFF;
     state.py_pending = 0;
-    write(state, sample, PY_FRAME_TAG, reason)
-}
-
-/// Writes a two-word runtime frame after the frames so far.
-#[inline(always)]
-fn write(state: &mut WalkState, sample: &mut Sample, first: u64, second: u64) -> bool {
-    let n = state.frames;
-    let slot = state.kernel_frames as u64 + n as u64;
-    if n as usize + 2 > MAX_USER_FRAMES || slot + 2 > MAX_SAMPLE_FRAMES as u64 {
-        return false;
-    }
-    let slot = slot as usize;
-    if let Some(word) = sample.frames.get_mut(slot) {
-        *word = first;
-    }
-    if let Some(word) = sample.frames.get_mut(slot + 1) {
-        *word = second;
-    }
-    state.frames = n + 2;
-    true
+    write_runtime_frame(state, sample, PY_FRAME_TAG, reason)
 }
 
 /// Reads `WINDOW` bytes of a frame into the walk state's window.

@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
-use object::{Object, ObjectSegment};
 use profiler_common::runtimes::python::{PyProcess, PyThread};
 use profiler_symbolize::process::{ObjectFile, ObjectId, Process};
 
@@ -22,6 +21,7 @@ use super::interpreter::{self, InterpreterFile};
 use super::layout::{Layout, LayoutSource};
 use super::threads;
 use crate::memory::ProcessMemory;
+use crate::objects::{ObjectMapping, load_bias, mappings_of, segments_of};
 
 /// One registered CPython process.
 #[derive(Debug, Clone)]
@@ -55,14 +55,6 @@ enum Command {
     Refresh(u32),
     Unregister(u32),
     Flush(mpsc::Sender<()>),
-}
-
-/// An executable mapping of an object, as the registry needs it.
-#[derive(Clone)]
-struct ObjectMapping {
-    start: u64,
-    offset: u64,
-    object: Arc<ObjectFile>,
 }
 
 /// Registered processes, for the symbolizer.
@@ -110,17 +102,7 @@ impl PythonRegistry {
     /// Reads `process`'s Python frames from now on, if it runs CPython.
     /// Returns at once.
     pub fn register(&self, process: &Process) {
-        let mappings: Vec<ObjectMapping> = process
-            .mappings
-            .iter()
-            .filter_map(|m| {
-                Some(ObjectMapping {
-                    start: m.start,
-                    offset: m.offset,
-                    object: m.object.clone()?,
-                })
-            })
-            .collect();
+        let mappings = mappings_of(process);
         if let Some(sender) = &self.sender {
             let _ = sender.send(Command::Register(process.pid, mappings));
         }
@@ -385,26 +367,9 @@ fn read_object(object: &ObjectFile) -> Option<Result<InterpreterObject, String>>
     Some(match found {
         Ok(file) => Ok(InterpreterObject {
             file,
-            segments: parsed
-                .segments()
-                .map(|s| {
-                    let (offset, size) = s.file_range();
-                    (s.address(), offset, size)
-                })
-                .collect(),
+            segments: segments_of(&parsed),
             path: object.path.clone(),
         }),
         Err(e) => Err(e.to_string()),
     })
-}
-
-/// The difference between the object's virtual addresses and the
-/// process's, from one of its executable mappings.
-fn load_bias(segments: &[(u64, u64, u64)], mapping: &ObjectMapping) -> Option<u64> {
-    let (address, offset, _) = segments
-        .iter()
-        .copied()
-        .find(|&(_, offset, size)| offset <= mapping.offset && mapping.offset < offset + size)?;
-    let virtual_start = address.wrapping_add(mapping.offset - offset);
-    Some(mapping.start.wrapping_sub(virtual_start))
 }

@@ -360,13 +360,14 @@ fn runtime_location(
 ) -> usize {
     let key = LocationKey::Runtime { pid, first, second };
     builder.location(key, |builder| {
-        let frame = runtime_frames.frame(pid, first, second);
-        let frame_type = match frame.source {
-            NameSource::CPython => FrameType::CPython,
+        let frames = runtime_frames.frames(pid, first, second);
+        let frame_type = match frames.first().map(|f| f.source) {
+            Some(NameSource::CPython) => FrameType::CPython,
+            Some(NameSource::Jvm) => FrameType::Jvm,
             _ => FrameType::Native,
         };
         let symbolized = Symbolized {
-            frames: vec![frame],
+            frames,
             resolved: true,
         };
         location(builder, symbolized, 0, None, frame_type)

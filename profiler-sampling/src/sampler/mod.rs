@@ -54,6 +54,9 @@ pub struct SamplingConfig {
     /// Write Python frames into the stacks of CPython processes (needs
     /// unwind tables: the eval loop is found by its rows).
     pub python: bool,
+    /// Write Java frames into the stacks of HotSpot JVMs (with unwind
+    /// tables: the native frames between them need them).
+    pub java: bool,
 }
 
 /// Default bound on unwind-table rows: 64 MiB holds 16 M rows, the tables
@@ -173,6 +176,7 @@ impl Sampler {
             RuntimeSettings {
                 go_labels: config.go_labels.is_some(),
                 python: config.python && config.unwind_tables,
+                java: config.java && config.unwind_tables,
             },
         )
         .map_err(SamplingError::Runtimes)?;

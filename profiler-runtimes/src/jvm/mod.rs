@@ -1,0 +1,85 @@
+//! HotSpot (OpenJDK's JVM): Java frames in every stack of a Java process,
+//! interleaved with the native frames (JNI code, the JVM's C++), read
+//! from outside: no JVM flag, agent or restart. The BPF side is
+//! `profiler-ebpf/src/runtimes/hotspot.rs`, the types both sides share
+//! `profiler-common/src/runtimes/hotspot.rs`.
+//!
+//! - [`vmstructs`]: the JVM's own description of its structures
+//!   (`gHotSpotVMStructs` and friends), read from the process;
+//! - [`layout`]: the offsets the walker and the symbolizer use, and the
+//!   code cache's heaps and the interpreter, from those tables;
+//! - [`registry`]: the thread that tells the BPF walker about each JVM;
+//! - [`code`] and [`stream`]: naming frames: methods, files and lines,
+//!   with the methods compiled code inlined.
+//!
+//! What is known of HotSpot's structures, and how each fact was checked,
+//! is in docs/design/hotspot-layouts.md.
+
+pub mod code;
+pub mod layout;
+pub mod registry;
+pub mod stream;
+pub mod vmstructs;
+
+use std::collections::HashMap;
+
+use profiler_common::runtimes::hotspot::{
+    JVM_ADDRESS_MASK, JVM_CUT_NO_BLOB, JVM_CUT_NO_CALLER, JVM_EXACT, JVM_KIND_COMPILED,
+    JVM_KIND_INTERPRETED, JVM_KIND_MASK, JVM_KIND_SHIFT,
+};
+use profiler_symbolize::{Frame, NameSource};
+
+use crate::memory::ProcessMemory;
+use code::JvmCode;
+use registry::JvmInstance;
+
+/// Java frames of a run's stacks, named per process.
+#[derive(Default)]
+pub struct JvmFrames {
+    processes: HashMap<u32, JvmCode>,
+}
+
+impl JvmFrames {
+    /// The frames of a Java frame's two words (a compiled one may hold
+    /// several: the methods inlined at its PC, innermost first).
+    pub fn frames(&mut self, jvm: Option<&JvmInstance>, payload: u64, second: u64) -> Vec<Frame> {
+        let kind = (payload & JVM_KIND_MASK) >> JVM_KIND_SHIFT;
+        let exact = payload & JVM_EXACT != 0;
+        let address = payload & JVM_ADDRESS_MASK;
+        if kind != JVM_KIND_INTERPRETED && kind != JVM_KIND_COMPILED {
+            return vec![named(match second {
+                JVM_CUT_NO_BLOB => "[java: code not found, frames cut]",
+                JVM_CUT_NO_CALLER => "[java: caller not found, frames cut]",
+                _ => "[java: frame unreadable, frames cut]",
+            })];
+        }
+        let Some(jvm) = jvm else {
+            return vec![named("[java] (process not registered)")];
+        };
+        let code = self
+            .processes
+            .entry(jvm.pid)
+            .or_insert_with(|| JvmCode::new(jvm.layout.clone()));
+        let memory = ProcessMemory::new(jvm.pid);
+        if kind == JVM_KIND_INTERPRETED {
+            code.interpreted(&memory, address, second)
+        } else {
+            code.compiled(
+                &memory,
+                address,
+                (second >> 32) as u32,
+                second as u32,
+                exact,
+            )
+        }
+    }
+
+    /// Forgets the processes `keep` says are gone.
+    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.processes.retain(|pid, _| keep(*pid));
+    }
+}
+
+fn named(text: &str) -> Frame {
+    Frame::named(text.to_string()).from_source(NameSource::Jvm)
+}

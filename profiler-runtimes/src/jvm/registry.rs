@@ -1,0 +1,295 @@
+//! The thread that tells the BPF walker about JVMs: for each process the
+//! sampler meets that maps a `libjvm.so`, it reads the VM's own
+//! description of itself (VMStructs, from the process's memory: off the
+//! sampling path), then the code cache's heaps and the interpreter, and
+//! writes the process's `JvmProcess` (`JVM_PROCESSES`). A JVM still
+//! starting (no code cache yet) is tried again a few times; one whose
+//! tables cannot be read (OpenJ9, a libjvm without them) is named in one
+//! log line and counted, and its samples stay native.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use object::{Object, ObjectSymbol};
+use profiler_common::runtimes::hotspot::JvmProcess;
+use profiler_symbolize::process::{ObjectFile, ObjectId, Process};
+
+use super::layout::{self, JvmLayout, LayoutError};
+use super::vmstructs::{SYMBOLS, VmStructs};
+use crate::memory::ProcessMemory;
+use crate::objects::{ObjectMapping, load_bias, mappings_of, segments_of};
+
+/// Tries for a JVM whose VM is not up yet.
+const MAX_ATTEMPTS: u32 = 20;
+const RETRY: Duration = Duration::from_millis(500);
+
+/// One registered JVM, for the symbolizer.
+#[derive(Debug, Clone)]
+pub struct JvmInstance {
+    pub pid: u32,
+    pub layout: JvmLayout,
+    /// "21".
+    pub major: u32,
+}
+
+/// Registered JVMs by pid.
+pub type JvmProcesses = Arc<RwLock<HashMap<u32, Arc<JvmInstance>>>>;
+
+/// What the registry did, for the run's report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JvmStats {
+    /// JVMs whose Java frames the walker reads.
+    pub processes: u64,
+    /// JVMs refused, with why (one line each, at most 16).
+    pub refused: Vec<String>,
+}
+
+enum Command {
+    Register(u32, Vec<ObjectMapping>),
+    Unregister(u32),
+    Flush(mpsc::Sender<()>),
+}
+
+/// See the module's documentation.
+pub struct JvmRegistry {
+    sender: Option<mpsc::Sender<Command>>,
+    stats: Arc<Mutex<JvmStats>>,
+    processes: JvmProcesses,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl JvmRegistry {
+    pub fn spawn(process_map: BpfHashMap<MapData, u32, JvmProcess>) -> std::io::Result<Self> {
+        let (sender, receiver) = mpsc::channel();
+        let stats = Arc::new(Mutex::new(JvmStats::default()));
+        let processes: JvmProcesses = Arc::default();
+        let mut state = State {
+            process_map,
+            objects: HashMap::new(),
+            pending: HashMap::new(),
+            registered: HashMap::new(),
+            stats: stats.clone(),
+            processes: processes.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("jvm".into())
+            .spawn(move || {
+                loop {
+                    match receiver.recv_timeout(RETRY) {
+                        Ok(command) => state.handle(command),
+                        Err(RecvTimeoutError::Timeout) => {}
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    }
+                    state.retry_due();
+                }
+            })?;
+        Ok(JvmRegistry {
+            sender: Some(sender),
+            stats,
+            processes,
+            thread: Some(thread),
+        })
+    }
+
+    /// Reads `process`'s Java frames from now on, if it runs HotSpot.
+    /// Returns at once.
+    pub fn register(&self, process: &Process) {
+        if let Some(sender) = &self.sender {
+            let _ = sender.send(Command::Register(process.pid, mappings_of(process)));
+        }
+    }
+
+    pub fn unregister(&self, pid: u32) {
+        if let Some(sender) = &self.sender {
+            let _ = sender.send(Command::Unregister(pid));
+        }
+    }
+
+    /// Waits until every command sent so far is done.
+    pub fn flush(&self) {
+        let (done, wait) = mpsc::channel();
+        if let Some(sender) = &self.sender
+            && sender.send(Command::Flush(done)).is_ok()
+        {
+            let _ = wait.recv();
+        }
+    }
+
+    pub fn stats(&self) -> JvmStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn processes(&self) -> JvmProcesses {
+        self.processes.clone()
+    }
+}
+
+impl Drop for JvmRegistry {
+    fn drop(&mut self) {
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A `libjvm.so`: its exported tables' symbols and its segments.
+#[derive(Clone)]
+struct JvmObject {
+    symbols: HashMap<&'static str, u64>,
+    segments: Vec<(u64, u64, u64)>,
+}
+
+struct State {
+    process_map: BpfHashMap<MapData, u32, JvmProcess>,
+    /// Per object: a libjvm, None when it is not one.
+    objects: HashMap<ObjectId, Option<JvmObject>>,
+    /// JVMs not up yet: (mapping, attempts, next try).
+    pending: HashMap<u32, (ObjectMapping, JvmObject, u32, Instant)>,
+    registered: HashMap<u32, ()>,
+    stats: Arc<Mutex<JvmStats>>,
+    processes: JvmProcesses,
+}
+
+impl State {
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Register(pid, mappings) => {
+                if self.registered.contains_key(&pid) || self.pending.contains_key(&pid) {
+                    return;
+                }
+                let found = mappings.into_iter().find_map(|mapping| {
+                    let object = self
+                        .objects
+                        .entry(mapping.object.id)
+                        .or_insert_with(|| read_object(&mapping.object))
+                        .clone()?;
+                    Some((mapping, object))
+                });
+                if let Some((mapping, object)) = found {
+                    self.attempt(pid, mapping, object, 0);
+                }
+            }
+            Command::Unregister(pid) => {
+                self.pending.remove(&pid);
+                if self.registered.remove(&pid).is_some() {
+                    let _ = self.process_map.remove(&pid);
+                }
+                if let Ok(mut processes) = self.processes.write() {
+                    processes.remove(&pid);
+                }
+            }
+            Command::Flush(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+
+    /// Registers `pid`, or schedules another try while its VM starts.
+    fn attempt(&mut self, pid: u32, mapping: ObjectMapping, object: JvmObject, attempts: u32) {
+        match self.register(pid, &mapping, &object) {
+            Ok(()) => {}
+            Err(LayoutError::NotReady(why)) if attempts + 1 < MAX_ATTEMPTS => {
+                tracing::debug!(pid, "JVM not up yet ({why}): trying again");
+                self.pending
+                    .insert(pid, (mapping, object, attempts + 1, Instant::now() + RETRY));
+            }
+            Err(why) => {
+                let path = mapping.object.path.display().to_string();
+                tracing::info!(
+                    pid,
+                    "no Java frames ({path}): {why}; its samples stay native"
+                );
+                if let Ok(mut stats) = self.stats.lock()
+                    && stats.refused.len() < 16
+                {
+                    stats.refused.push(format!("pid {pid} ({path}): {why}"));
+                }
+            }
+        }
+    }
+
+    fn retry_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .pending
+            .iter()
+            .filter(|(_, (_, _, _, at))| *at <= now)
+            .map(|(pid, _)| *pid)
+            .collect();
+        for pid in due {
+            if let Some((mapping, object, attempts, _)) = self.pending.remove(&pid) {
+                self.attempt(pid, mapping, object, attempts);
+            }
+        }
+    }
+
+    fn register(
+        &mut self,
+        pid: u32,
+        mapping: &ObjectMapping,
+        object: &JvmObject,
+    ) -> Result<(), LayoutError> {
+        let bias = load_bias(&object.segments, mapping)
+            .ok_or_else(|| LayoutError::Invalid("its mapping matches no segment".into()))?;
+        let memory = ProcessMemory::new(pid);
+        let structs = VmStructs::read(&memory, |name| {
+            object.symbols.get(name).map(|a| a.wrapping_add(bias))
+        })
+        .map_err(|e| LayoutError::Invalid(format!("its VMStructs: {e}")))?;
+        let major = layout::major_version(&structs, &memory)?;
+        let jvm_layout = JvmLayout::new(&structs, major)?;
+        let walker = layout::walker_layout(&structs, &jvm_layout, &memory)?;
+        self.process_map
+            .insert(pid, walker, 0)
+            .map_err(|e| LayoutError::Invalid(format!("JVM_PROCESSES: {e}")))?;
+        self.registered.insert(pid, ());
+        if let Ok(mut processes) = self.processes.write() {
+            processes.insert(
+                pid,
+                Arc::new(JvmInstance {
+                    pid,
+                    layout: jvm_layout,
+                    major,
+                }),
+            );
+        }
+        tracing::debug!(pid, major, heaps = walker.heap_count, "Java frames");
+        if let Ok(mut stats) = self.stats.lock() {
+            stats.processes += 1;
+        }
+        Ok(())
+    }
+}
+
+/// The VMStructs symbols of an object named `libjvm.so`; None for any
+/// other object (or one without them: then the process is named when it
+/// registers).
+fn read_object(object: &ObjectFile) -> Option<JvmObject> {
+    if object.path.file_name()? != "libjvm.so" {
+        return None;
+    }
+    let file = object.file.as_ref().ok()?;
+    // SAFETY: a read-only mapping of a file we only read (see symbolize).
+    let data = unsafe { memmap2::Mmap::map(file) }.ok()?;
+    let parsed = object::File::parse(&*data).ok()?;
+    profiler_symbolize::elf::guard(|| {
+        let mut symbols = HashMap::new();
+        for symbol in parsed.dynamic_symbols() {
+            if let Ok(name) = symbol.name()
+                && let Some(wanted) = SYMBOLS.iter().find(|w| **w == name)
+            {
+                symbols.insert(*wanted, symbol.address());
+            }
+        }
+        Ok(Some(JvmObject {
+            symbols,
+            segments: segments_of(&parsed),
+        }))
+    })
+    .ok()?
+}
