@@ -65,6 +65,13 @@ impl ElfSymbols {
             let Ok(name) = symbol.name() else {
                 return;
             };
+            // Arm's mapping symbols (`$x`, `$d`, `$a`, `$t`, optionally
+            // `.suffix`) mark where code and literal data begin inside a
+            // function: untyped labels in .text, but no function's name
+            // (taken for one, `$x` named the code after a literal pool).
+            if is_mapping_symbol(name) {
+                return;
+            }
             // The name is a slice of `data` (object reads without copying):
             // keep where it is, not the text.
             let offset = (name.as_ptr() as usize).wrapping_sub(base);
@@ -356,5 +363,30 @@ mod tests {
             .expect("hot_a in .dynsym");
         let address = u64::from_str_radix(hot_a.split(' ').next().unwrap(), 16).unwrap();
         assert_eq!(symbols.lookup(address).unwrap().0, "hot_a");
+    }
+}
+
+/// An Arm ELF mapping symbol: `$a`, `$d`, `$t` or `$x`, alone or followed
+/// by a `.` and anything (AAELF64 5.7.2).
+fn is_mapping_symbol(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    bytes.len() >= 2
+        && bytes[0] == b'$'
+        && matches!(bytes[1], b'a' | b'd' | b't' | b'x')
+        && (bytes.len() == 2 || bytes[2] == b'.')
+}
+
+#[cfg(test)]
+mod mapping_symbol_tests {
+    use super::is_mapping_symbol;
+
+    #[test]
+    fn arm_mapping_symbols_are_not_functions() {
+        for name in ["$x", "$d", "$x.12", "$d.0", "$a", "$t"] {
+            assert!(is_mapping_symbol(name), "{name}");
+        }
+        for name in ["$xyz", "x", "$", "$e", "main", "$x_y"] {
+            assert!(!is_mapping_symbol(name), "{name}");
+        }
     }
 }
