@@ -23,7 +23,7 @@ use profiler_export::server::{PullKind, PullRequest, Server};
 
 use crate::heaps::GoHeaps;
 use profiler_export::{Batch, ExporterHandle, Metrics, ServiceProfile};
-use profiler_profile::Profile;
+use profiler_profile::{Profile, ProfileKind};
 use profiler_sampling::record::{
     ProfileWindow, Recorder, Recording, StackCounts, StackKey, Window, build_profile_of,
 };
@@ -79,6 +79,8 @@ impl Accumulator {
 
 struct Pull {
     deadline: Instant,
+    /// The CPU profile's kind, or `Wall` (`/debug/pprof/wall`).
+    kind: ProfileKind,
     pid: Option<u32>,
     service: Option<String>,
     accumulator: Accumulator,
@@ -198,7 +200,7 @@ impl Agent {
             unwind_tables: !config.frame_pointers_only,
             unwind_table_bytes: config.unwind_table_mib << 20,
             off_cpu: config
-                .off_cpu
+                .records_off_cpu()
                 .then_some(profiler_sampling::sampler::OffCpuConfig {
                     min: config.off_cpu_min,
                     period: config.off_cpu_period,
@@ -335,10 +337,21 @@ impl Agent {
             let _ = request.reply.send(answer);
             return;
         }
+        let kind = match request.kind {
+            PullKind::Wall if !self.config.wall => {
+                let _ = request.reply.send(Err(
+                    "wall-clock profiles are off in this run (wall = false)".into(),
+                ));
+                return;
+            }
+            PullKind::Wall => ProfileKind::Wall,
+            _ => self.config.profile_kind(),
+        };
         // Samples so far belong to the open windows, not to this pull.
         self.flush();
         self.pulls.push(Pull {
             deadline: Instant::now() + Duration::from_secs(request.seconds),
+            kind,
             pid: request.pid,
             service: request.service,
             accumulator: Accumulator::new(),
@@ -393,7 +406,7 @@ impl Agent {
                 &self.node,
                 pull.accumulator,
                 self.config.frequency_hz,
-                self.config.profile_kind(),
+                pull.kind,
             );
             let _ = pull.reply.send(bytes);
         }
@@ -492,7 +505,7 @@ impl Agent {
                 &self.node,
                 pull.accumulator,
                 self.config.frequency_hz,
-                self.config.profile_kind(),
+                pull.kind,
             );
             let _ = pull.reply.send(bytes);
         }
@@ -689,33 +702,57 @@ fn export_window(
         metrics
             .stacks_unwound
             .fetch_add(stacks.len() as u64, Relaxed);
-        let window = Window {
-            stacks,
-            profile: profile_window,
-        };
-        let started = Instant::now();
-        let mut profile = symbols.profile(&window);
-        // Symbolizing a service seen for the first time can take a while:
-        // keep draining the ring buffer between services so it does not
-        // overflow meanwhile (those samples go to the next window).
-        symbols.poll();
-        tracing::debug!(service = %service, stacks = window.stacks.len(), elapsed_ms = started.elapsed().as_millis() as u64, "profile built");
-        meta.label(&mut profile, node);
-        let pprof = match profiler_profile::pprof::encode_gzip(&profile) {
-            Ok(bytes) => bytes,
-            Err(error) => {
-                tracing::warn!(service = %service, "encoding a profile failed: {error}");
-                continue;
-            }
-        };
         let labels = series_labels(meta, &service, &pids, node);
-        profiles.push(ServiceProfile {
-            name: profiler_export::CPU_PROFILE.into(),
-            service,
-            labels,
-            pprof: Arc::new(pprof),
-            profile: Arc::new(profile),
+        // The wall-clock view of the same stacks, before the CPU profile
+        // takes them.
+        let wall = config.wall.then(|| {
+            let stacks = crate::wall::stacks_for(
+                ProfileKind::Wall,
+                stacks.clone(),
+                profile_window.elapsed,
+                config.frequency_hz,
+            );
+            (profiler_export::WALL_PROFILE, stacks, ProfileKind::Wall)
         });
+        let cpu = crate::wall::stacks_for(
+            profile_window.kind,
+            stacks,
+            profile_window.elapsed,
+            config.frequency_hz,
+        );
+        let views = std::iter::once((profiler_export::CPU_PROFILE, cpu, profile_window.kind));
+        for (name, stacks, kind) in views.chain(wall) {
+            let window = Window {
+                stacks,
+                profile: ProfileWindow {
+                    kind,
+                    ..profile_window
+                },
+            };
+            let started = Instant::now();
+            let mut profile = symbols.profile(&window);
+            // Symbolizing a service seen for the first time can take a
+            // while: keep draining the ring buffer between profiles so it
+            // does not overflow meanwhile (those samples go to the next
+            // window).
+            symbols.poll();
+            tracing::debug!(service = %service, profile = name, stacks = window.stacks.len(), elapsed_ms = started.elapsed().as_millis() as u64, "profile built");
+            meta.label(&mut profile, node);
+            let pprof = match profiler_profile::pprof::encode_gzip(&profile) {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    tracing::warn!(service = %service, profile = name, "encoding a profile failed: {error}");
+                    continue;
+                }
+            };
+            profiles.push(ServiceProfile {
+                name: name.into(),
+                service: service.clone(),
+                labels: labels.clone(),
+                pprof: Arc::new(pprof),
+                profile: Arc::new(profile),
+            });
+        }
     }
     profiles.extend(probe_profiles(probes, meta, node, &profile_window));
     if let Some(heaps) = heaps {
@@ -800,7 +837,7 @@ fn probe_profiles(
 ) -> Vec<ServiceProfile> {
     let window = ProfileWindow {
         frequency_hz: 1,
-        kind: profiler_profile::ProfileKind::Latency,
+        kind: ProfileKind::Latency,
         ..*window
     };
     let mut profiles = Vec::new();
@@ -911,18 +948,19 @@ fn pull_profile(
     node: &str,
     accumulator: Accumulator,
     frequency_hz: u64,
-    kind: profiler_profile::ProfileKind,
+    kind: ProfileKind,
 ) -> Result<Vec<u8>, String> {
+    let elapsed = SystemTime::now()
+        .duration_since(accumulator.started)
+        .unwrap_or_default();
     let window = Window {
         profile: ProfileWindow {
             started: accumulator.started,
-            elapsed: SystemTime::now()
-                .duration_since(accumulator.started)
-                .unwrap_or_default(),
+            elapsed,
             frequency_hz,
             kind,
         },
-        stacks: accumulator.stacks,
+        stacks: crate::wall::stacks_for(kind, accumulator.stacks, elapsed, frequency_hz),
     };
     let mut profile = symbols.profile(&window);
     meta.label(&mut profile, node);

@@ -78,6 +78,14 @@ pub struct Config {
     pub unwind_table_mib: u64,
     /// Also record off-CPU time (see `sampling::OffCpuConfig`).
     pub off_cpu: bool,
+    /// Also export a wall-clock profile per service per window (`wall`;
+    /// pulls: `/debug/pprof/wall`): CPU samples as time plus off-CPU time,
+    /// each thread's stacks adding up to its time alive in the window.
+    ///
+    /// Off-CPU time is recorded for it as for `off_cpu` (`off_cpu_min` and
+    /// `off_cpu_period` apply); without `off_cpu` the CPU profile stays
+    /// CPU only.
+    pub wall: bool,
     /// Off-CPU intervals shorter than this are not recorded.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
@@ -223,6 +231,7 @@ impl Default for Config {
             frame_pointers_only: false,
             unwind_table_mib: profiler_sampling::sampler::DEFAULT_UNWIND_TABLE_BYTES >> 20,
             off_cpu: false,
+            wall: false,
             off_cpu_min: profiler_sampling::sampler::DEFAULT_OFF_CPU_MIN,
             off_cpu_period: Duration::from_millis(10),
             max_processes: 4096,
@@ -296,7 +305,13 @@ impl Config {
         Ok(config)
     }
 
-    /// What each window's profiles show.
+    /// Whether the sampler records off-CPU time: for the CPU profile's
+    /// off-CPU sample type, for the wall-clock profile, or both.
+    pub fn records_off_cpu(&self) -> bool {
+        self.off_cpu || self.wall
+    }
+
+    /// What each window's CPU profile shows.
     pub fn profile_kind(&self) -> profiler_profile::ProfileKind {
         if self.off_cpu {
             profiler_profile::ProfileKind::OffCpu

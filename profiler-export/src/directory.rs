@@ -1,6 +1,7 @@
 //! A directory of pprof files, one per profile and service per window
-//! (`cpu-<service>-<ms>.pb.gz`, `memory-<service>-<ms>.pb.gz`,
-//! `probe_<name>-<service>-<ms>.pb.gz`), with bounded retention: after
+//! (`cpu-<service>-<ms>.pb.gz`, `wall-<service>-<ms>.pb.gz`,
+//! `memory-<service>-<ms>.pb.gz`, `probe_<name>-<service>-<ms>.pb.gz`),
+//! with bounded retention: after
 //! each write the oldest files go until at most `max_files` files and
 //! `max_bytes` bytes remain.
 
@@ -12,9 +13,9 @@ use std::time::UNIX_EPOCH;
 use crate::{Batch, ExportError, Exporter};
 
 /// Files this exporter owns (retention never touches anything else):
-/// `cpu-...` (the CPU profile), `memory-...` (Go heaps) and
-/// `probe_<name>-...` (a probe's stacks).
-const PREFIXES: [&str; 3] = ["cpu-", "memory-", "probe_"];
+/// `cpu-...` (the CPU profile), `wall-...` (its wall-clock view),
+/// `memory-...` (Go heaps) and `probe_<name>-...` (a probe's stacks).
+const PREFIXES: [&str; 4] = ["cpu-", "wall-", "memory-", "probe_"];
 const SUFFIX: &str = ".pb.gz";
 
 pub struct DirectoryExporter {
@@ -238,6 +239,42 @@ mod tests {
                 "cpu-a-0000000000009000.pb.gz"
             ]
         );
+    }
+
+    #[test]
+    fn wall_profiles_are_ours_and_count_toward_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut exporter = DirectoryExporter::new(dir.path(), 2, 1 << 20).unwrap();
+        let mut window = batch(1000, &["shop"], 10);
+        let mut wall = window.profiles[0].clone();
+        wall.name = crate::WALL_PROFILE.into();
+        window.profiles.push(wall);
+        exporter.export(&window).unwrap();
+        assert_eq!(
+            names(dir.path()),
+            [
+                "cpu-shop-0000000000001000.pb.gz",
+                "wall-shop-0000000000001000.pb.gz"
+            ]
+        );
+        // The next window's two files push both of the first one's out.
+        exporter.export(&window_at(2000, &window)).unwrap();
+        assert_eq!(
+            names(dir.path()),
+            [
+                "cpu-shop-0000000000002000.pb.gz",
+                "wall-shop-0000000000002000.pb.gz"
+            ]
+        );
+    }
+
+    fn window_at(at_ms: u64, window: &Batch) -> Batch {
+        let started = UNIX_EPOCH + Duration::from_millis(at_ms);
+        Batch {
+            started,
+            ended: started + Duration::from_secs(15),
+            profiles: window.profiles.clone(),
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Getting profiles out of the agent: push exporters (a directory of pprof
 //! files, Pyroscope, OTLP), each behind its own bounded queue and thread so a
 //! slow or dead backend never blocks sampling, and the pull endpoints
-//! (`/debug/pprof/profile`, `/metrics`, `/healthz`, `/readyz`).
+//! (`/debug/pprof/profile`, `/debug/pprof/wall`, `/debug/pprof/heap`,
+//! `/metrics`, `/healthz`, `/readyz`).
 
 pub mod access;
 pub mod auth;
@@ -28,6 +29,11 @@ pub use queue::{Exporter, ExporterHandle};
 /// What the sampled CPU profile is called ([`ServiceProfile::name`]).
 pub const CPU_PROFILE: &str = "cpu";
 
+/// What the wall-clock profile is called (`wall = true`): CPU samples as
+/// time plus off-CPU time, each thread's stacks adding up to its time
+/// alive in the window. Pyroscope's name for wall-clock profiles too.
+pub const WALL_PROFILE: &str = "wall";
+
 /// What Go heap profiles are called: Pyroscope's name for them (its
 /// `memory:alloc_space:bytes:space:bytes` and the other three types).
 pub const MEMORY_PROFILE: &str = "memory";
@@ -42,8 +48,8 @@ pub fn probe_profile_name(probe: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct ServiceProfile {
     /// What the profile measures: [`CPU_PROFILE`] for the sampled profile,
-    /// [`MEMORY_PROFILE`] for Go heaps, [`probe_profile_name`] for a
-    /// configured probe's stacks. Names
+    /// [`WALL_PROFILE`] for its wall-clock view, [`MEMORY_PROFILE`] for Go
+    /// heaps, [`probe_profile_name`] for a configured probe's stacks. Names
     /// directory files (`<name>-<service>-<ms>.pb.gz`) and Pyroscope's
     /// `__name__` (`process_cpu` for the CPU profile).
     pub name: String,

@@ -1,6 +1,7 @@
 //! Pyroscope push: Connect RPC `POST /push.v1.PusherService/Push` with a
 //! protobuf `PushRequest` body, one series per service, each carrying the
-//! window's gzip pprof. Series labels: `__name__="process_cpu"`,
+//! window's gzip pprof. Series labels: `__name__="process_cpu"` (the
+//! CPU profile; `wall`, `memory` and `probe_<name>` for the others),
 //! `service_name`, `node`, and the container when one service is one
 //! container.
 
@@ -51,8 +52,8 @@ pub fn push_request(batch: &Batch) -> proto::PushRequest {
         .profiles
         .iter()
         .map(|profile| {
-            // Pyroscope's name for a process's CPU profile; a probe's
-            // profile is a series of its own name.
+            // Pyroscope's name for a process's CPU profile; the others
+            // (wall, memory, a probe's) are series of their own names.
             let name = if profile.name == crate::CPU_PROFILE {
                 "process_cpu".to_string()
             } else {
@@ -196,5 +197,32 @@ mod tests {
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "4");
         assert_ne!(uuid_v4(), uuid_v4());
+    }
+
+    #[test]
+    fn the_wall_clock_profile_is_a_series_named_wall() {
+        let profile = |name: &str| ServiceProfile {
+            name: name.into(),
+            service: "shop".into(),
+            labels: vec![("service_name".into(), "shop".into())],
+            pprof: Arc::new(vec![1]),
+            profile: Arc::default(),
+        };
+        let batch = Batch {
+            started: SystemTime::now(),
+            ended: SystemTime::now(),
+            profiles: vec![profile(crate::CPU_PROFILE), profile(crate::WALL_PROFILE)],
+        };
+        let names: Vec<String> = push_request(&batch)
+            .series
+            .iter()
+            .map(|s| {
+                let name = s.labels.iter().find(|l| l.name == "__name__").unwrap();
+                // A wall-clock window is a delta like the CPU one.
+                assert!(!s.labels.iter().any(|l| l.name == "__delta__"));
+                name.value.clone()
+            })
+            .collect();
+        assert_eq!(names, ["process_cpu", "wall"]);
     }
 }

@@ -5,6 +5,8 @@
 //! - `/debug/pprof/profile?seconds=N[&pid=P][&service=S]`: a gzip pprof of
 //!   the next N seconds (the path `go tool pprof`, Parca and Pyroscope
 //!   scrape), built by the run loop;
+//! - `/debug/pprof/wall?seconds=N[&pid=P][&service=S]`: the same seconds as
+//!   wall-clock time (CPU and off-CPU), when the run records it;
 //! - `/metrics`: the agent's health in Prometheus text format;
 //! - `/healthz`: the run loop is turning; `/readyz`: sampling is running.
 //!
@@ -55,6 +57,11 @@ const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum PullKind {
     /// `/debug/pprof/profile`: the stacks of the next `seconds` seconds.
     Cpu,
+    /// `/debug/pprof/wall`: the same, as wall-clock time (CPU samples as
+    /// time plus off-CPU time: each thread's stacks add up to its time
+    /// alive in those seconds). Named like Go's own endpoints, one path
+    /// per profile type.
+    Wall,
     /// `/debug/pprof/heap`: the Go heap profiles now, as a Go program's own
     /// `/debug/pprof/heap` answers (allocations since the process
     /// started, in use now).
@@ -322,12 +329,12 @@ async fn route<B>(request: &Request<B>, state: &Arc<State>, client_certificate: 
                 )
             };
         }
-        "/metrics" | "/debug/pprof/profile" | "/debug/pprof/heap" => {}
+        "/metrics" | "/debug/pprof/profile" | "/debug/pprof/wall" | "/debug/pprof/heap" => {}
         _ => {
             return text(
                 StatusCode::NOT_FOUND,
-                "not found: try /debug/pprof/profile?seconds=N, /debug/pprof/heap, /metrics, \
-                 /healthz, /readyz\n",
+                "not found: try /debug/pprof/profile?seconds=N, /debug/pprof/wall?seconds=N, \
+                 /debug/pprof/heap, /metrics, /healthz, /readyz\n",
             );
         }
     }
@@ -357,10 +364,10 @@ async fn route<B>(request: &Request<B>, state: &Arc<State>, client_certificate: 
             "too many profiles requested at once; retry later\n",
         );
     }
-    let kind = if path == "/debug/pprof/heap" {
-        PullKind::Heap
-    } else {
-        PullKind::Cpu
+    let kind = match path.as_str() {
+        "/debug/pprof/heap" => PullKind::Heap,
+        "/debug/pprof/wall" => PullKind::Wall,
+        _ => PullKind::Cpu,
     };
     let answer = serve_pull(kind, pull, state).await;
     state.pulls_in_flight.fetch_sub(1, Relaxed);
@@ -458,7 +465,7 @@ async fn serve_pull(kind: PullKind, query: PullQuery, state: &Arc<State>) -> Ans
     let (reply, answer) = oneshot::channel();
     // A heap is read at once: no seconds to wait.
     let seconds = match kind {
-        PullKind::Cpu => query.seconds,
+        PullKind::Cpu | PullKind::Wall => query.seconds,
         PullKind::Heap => 0,
     };
     let sent = state.pulls.send(PullRequest {

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use profiler_tests::windows::{self, window_files};
 use profiler_tests::{
     agent::*, fixtures::*, go::*, http::*, pprof_raw::*, processes::*, profiles::*,
 };
@@ -1537,4 +1538,273 @@ fn a_cgroup_selection_keeps_only_its_processes() {
     drop(inside);
     drop(outside);
     drop(cgroup);
+}
+
+/// A worker thread of the `lifetimes` fixture: its tid, and when it was
+/// born and died (unix nanoseconds, its own clock).
+#[derive(Debug, Clone, Copy)]
+struct Lifetime {
+    tid: u32,
+    born: i64,
+    died: i64,
+}
+
+impl Lifetime {
+    /// Nanoseconds of [start, end] it was alive.
+    fn overlap(&self, start: i64, end: i64) -> i64 {
+        (self.died.min(end) - self.born.max(start)).max(0)
+    }
+}
+
+/// The fixture's line: "TID:BORN:DIED" per worker.
+fn lifetimes(line: &str) -> Vec<Lifetime> {
+    line.split_whitespace()
+        .map(|worker| {
+            let parts: Vec<&str> = worker.split(':').collect();
+            assert_eq!(parts.len(), 3, "not TID:BORN:DIED: {line:?}");
+            Lifetime {
+                tid: parts[0].parse().unwrap(),
+                born: parts[1].parse().unwrap(),
+                died: parts[2].parse().unwrap(),
+            }
+        })
+        .collect()
+}
+
+fn unix_ns(time: std::time::SystemTime) -> i64 {
+    time.duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as i64
+}
+
+fn seconds(ns: i64) -> String {
+    format!("{:.3} s", ns as f64 / 1e9)
+}
+
+/// How far a window's samples can be from its boundaries: the ring
+/// buffer is read every 100 ms, and a sample belongs to the window open
+/// when it is read. Windows and pulls are compared with the fixture's
+/// threads only where their lifetimes are this far from the edges; the
+/// sum over windows has no edges.
+const DRAIN_SLACK_NS: i64 = 500_000_000;
+
+/// `wall = true`: each window's `wall` profile gives each thread of the
+/// `lifetimes` fixture (workers that alternate 3 ms of CPU and 2 ms
+/// asleep, started and ended on a schedule, each reading the wall clock
+/// at birth and death) the time it was alive in that window, read with
+/// `go tool pprof -raw`: about the whole window for a thread alive
+/// throughout it, nothing for one not yet born or dead, its lifetime over
+/// all windows; no thread more than the window (the main thread waits in
+/// pthread_join for longer than a window: the cap of `profiler-continuous`
+/// `wall.rs`). `/debug/pprof/wall` does the same over its seconds,
+/// Pyroscope gets a `wall` series, and the CPU profile stays CPU only.
+#[test]
+fn wall_clock_windows_give_each_thread_its_time_alive() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("lifetimes-svc");
+    std::fs::copy(build_c_fixture("lifetimes", C_FRAME_POINTER_FLAGS), &binary).unwrap();
+    let mut fixture = Gated::start(&binary, &[]);
+    let pid = fixture.pid();
+    let receiver_port = free_port();
+    let pushes = Arc::new(Mutex::new(Vec::new()));
+    let _receiver = Receiver::start(receiver_port, pushes.clone());
+    let port = free_port();
+    let profiles = dir.path().join("profiles");
+    let mut agent = AgentRun::start(&[
+        "--pids",
+        &pid.to_string(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--window",
+        "3s",
+        "--wall",
+        "true",
+        // Every wait of the fixture (2 ms) recorded as it was, none drawn.
+        "--off-cpu-period",
+        "1ms",
+        // Prime to the fixture's 5 ms cycle: CPU samples count its CPU
+        // time (at 100 Hz they beat against it).
+        "--frequency-hz",
+        "997",
+        "--directory-path",
+        profiles.to_str().unwrap(),
+        "--pyroscope-url",
+        &format!("http://127.0.0.1:{receiver_port}"),
+    ]);
+    agent.wait_ready(port);
+
+    // The fixture runs 9 s; a pull of 3 wall-clock seconds starts half a
+    // second in: the short-lived worker (1.5 s to 2.7 s) lives inside it.
+    let gated = unix_ns(std::time::SystemTime::now());
+    let running = std::thread::spawn(move || {
+        let line = fixture.run_to_gate();
+        (fixture, line)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let sent = unix_ns(std::time::SystemTime::now());
+    let (status, body) = http_get(
+        port,
+        &format!("/debug/pprof/wall?seconds=3&pid={pid}"),
+        Duration::from_secs(60),
+    )
+    .expect("the wall-clock pull answers");
+    let received = unix_ns(std::time::SystemTime::now());
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let (fixture, line) = running.join().unwrap();
+    let workers = lifetimes(&line);
+    assert_eq!(workers.len(), 3, "{line}");
+    assert!(agent.terminate(Duration::from_secs(20)).success());
+    assert!(fixture.finish().success());
+    let log = agent.log();
+
+    // The pull: the long worker alive all along, the short one born and
+    // dead within it.
+    let pulled = RawProfile::of_bytes(&body);
+    assert!(
+        pulled
+            .sample_types
+            .contains(&"wall/nanoseconds".to_string()),
+        "{:?}",
+        pulled.sample_types
+    );
+    let by_tid = windows::totals_by(&pulled, "wall/nanoseconds", "tid");
+    let span = pulled.duration.as_nanos() as i64;
+    let (long, short) = (workers[0], workers[1]);
+    assert!(
+        long.born < sent && long.died > received,
+        "the pull ({}..{}) is not inside the long worker's life {long:?} (gate {gated})",
+        sent,
+        received
+    );
+    assert!(
+        short.born > sent + DRAIN_SLACK_NS && short.died < received - DRAIN_SLACK_NS,
+        "the short worker {short:?} did not live inside the pull ({sent}..{received})"
+    );
+    for (worker, expected) in [(long, span), (short, short.died - short.born)] {
+        let got = by_tid.get(&worker.tid.to_string()).copied().unwrap_or(0);
+        assert!(
+            (got - expected).abs() as f64 <= 0.10 * expected as f64,
+            "pull of {}: thread {} has {} of wall-clock time, alive {} of it\n{by_tid:?}",
+            seconds(span),
+            worker.tid,
+            seconds(got),
+            seconds(expected)
+        );
+    }
+
+    // The windows.
+    let windows = window_files(&profiles, "wall", "lifetimes-svc");
+    assert!(windows.len() >= 3, "{} wall windows:\n{log}", windows.len());
+    let mut covered = 0;
+    for window in &windows {
+        assert_eq!(
+            window.profile.sample_types,
+            ["samples/count", "wall/nanoseconds"],
+            "{}",
+            window.path.display()
+        );
+        let by_tid = window.totals_by("wall/nanoseconds", "tid");
+        let length = window.duration.as_nanos() as i64;
+        // No thread (the main one included) has more time than the window.
+        for (tid, ns) in &by_tid {
+            assert!(
+                *ns as f64 <= 1.10 * length as f64,
+                "{}: thread {tid} has {} of a {} window",
+                window.path.display(),
+                seconds(*ns),
+                seconds(length)
+            );
+        }
+        for worker in &workers {
+            let got = by_tid.get(&worker.tid.to_string()).copied().unwrap_or(0);
+            let (start, end) = (window.start_ns, window.end_ns());
+            if worker.born < start - DRAIN_SLACK_NS && worker.died > end + DRAIN_SLACK_NS {
+                covered += 1;
+                assert!(
+                    (got - length).abs() as f64 <= 0.10 * length as f64,
+                    "{}: thread {}, alive throughout, has {} of a {} window",
+                    window.path.display(),
+                    worker.tid,
+                    seconds(got),
+                    seconds(length)
+                );
+            }
+            if worker.died < start - DRAIN_SLACK_NS || worker.born > end + DRAIN_SLACK_NS {
+                assert_eq!(
+                    got,
+                    0,
+                    "{}: thread {} has time in a window it did not live in",
+                    window.path.display(),
+                    worker.tid
+                );
+            }
+        }
+    }
+    assert!(
+        covered >= 1,
+        "no window inside a worker's life: {:?}",
+        windows
+            .iter()
+            .map(|w| (w.start_ns, w.end_ns()))
+            .collect::<Vec<_>>()
+    );
+    for worker in &workers {
+        let total: i64 = windows
+            .iter()
+            .map(|w| {
+                w.totals_by("wall/nanoseconds", "tid")
+                    .get(&worker.tid.to_string())
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .sum();
+        let lived = worker.died - worker.born;
+        assert!(
+            (total - lived).abs() as f64 <= 0.10 * lived as f64,
+            "thread {} has {} over the windows, alive {}",
+            worker.tid,
+            seconds(total),
+            seconds(lived)
+        );
+        let windows_alive: i64 = windows
+            .iter()
+            .map(|w| worker.overlap(w.start_ns, w.end_ns()))
+            .sum();
+        assert!(windows_alive > 0, "{worker:?} outside every window");
+    }
+
+    // The CPU profile beside it stays CPU only.
+    for window in window_files(&profiles, "cpu", "lifetimes-svc") {
+        assert_eq!(
+            window.profile.sample_types,
+            ["samples/count", "cpu/nanoseconds"]
+        );
+        assert!(
+            window
+                .profile
+                .samples
+                .iter()
+                .all(|s| !s.labels.contains_key("wait")),
+            "{}: off-CPU samples in the CPU profile",
+            window.path.display()
+        );
+    }
+    // Pyroscope: a `wall` series of the service, holding wall-clock time.
+    let pushes = pushes.lock().unwrap();
+    let wall = pushes
+        .iter()
+        .flat_map(|p| p.labels.iter().zip(&p.profiles))
+        .find(|(labels, _)| {
+            labels.contains(&("__name__".into(), "wall".into()))
+                && labels.contains(&("service_name".into(), "lifetimes-svc".into()))
+        })
+        .unwrap_or_else(|| panic!("no wall series pushed:\n{log}"));
+    let pushed = RawProfile::of_bytes(wall.1);
+    assert!(
+        pushed
+            .sample_types
+            .contains(&"wall/nanoseconds".to_string())
+    );
 }

@@ -318,6 +318,76 @@ fn otlp_over_http_protobuf_carries_resources_attributes_and_symbols() {
     assert!(agent.terminate(Duration::from_secs(20)).success());
 }
 
+/// `wall = true`: each window also carries, per service, a profile of
+/// sample type `wall/nanoseconds` (besides the CPU one), decoded with the
+/// official messages: the `hot` fixture's one thread spins all the time,
+/// so its wall-clock time is the window's length.
+#[test]
+fn otlp_carries_the_wall_clock_profile_beside_the_cpu_one() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Running::start(&hot_named(dir.path(), "otlp-wall-svc"), &[]);
+    let receiver_port = free_port();
+    let receiver = HttpReceiver::start(receiver_port);
+    let port = free_port();
+    let mut agent = AgentRun::start(&[
+        "--pids",
+        &fixture.pid().to_string(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--window",
+        "3s",
+        "--wall",
+        "true",
+        "--directory-path",
+        "",
+        "--otlp-url",
+        &format!("http://127.0.0.1:{receiver_port}"),
+    ]);
+    agent.wait_ready(port);
+    let is_wall = |r: &Resource| r.sample_type == ("wall".to_string(), "nanoseconds".to_string());
+    // A whole window (not the first, which began before the fixture was
+    // sampled).
+    let resources = wait_for(Duration::from_secs(30), || {
+        let requests = receiver.requests.lock().unwrap();
+        requests
+            .iter()
+            .skip(1)
+            .map(|(_, _, body)| decode(body))
+            .find(|resources| resources.iter().any(is_wall))
+    })
+    .unwrap_or_else(|| panic!("no OTLP request with a wall profile:\n{}", agent.log()));
+    assert!(agent.terminate(Duration::from_secs(20)).success());
+    let of_service = |r: &&Resource| {
+        r.attributes.get("service.name").map(String::as_str) == Some("otlp-wall-svc")
+    };
+    let wall = resources
+        .iter()
+        .filter(of_service)
+        .find(|r| is_wall(r))
+        .unwrap_or_else(|| panic!("no wall profile of the service: {resources:#?}"));
+    assert!(
+        resources
+            .iter()
+            .filter(of_service)
+            .any(|r| r.sample_type == ("samples".to_string(), "count".to_string())),
+        "the CPU profile is not beside it: {resources:#?}"
+    );
+    assert!(
+        wall.samples
+            .iter()
+            .any(|s| s.frames.iter().any(|f| f == "hot_a")),
+        "{wall:#?}"
+    );
+    let total: i64 = wall.samples.iter().map(|s| s.value).sum();
+    let window = wall.duration_nano as i64;
+    assert!(
+        (total - window).abs() as f64 <= 0.10 * window as f64,
+        "a thread on the CPU all along has {total} ns of a {window} ns window"
+    );
+}
+
 /// Every frame says what it is, by what named it: a Python process's
 /// functions are `cpython`, a Go binary's `go` (its pclntab), C code
 /// `native` (the semantic conventions' values; `kernel` is checked with

@@ -1,8 +1,9 @@
 //! Helpers for the end-to-end tests, one module per concern: the agent
 //! under test (`agent`), the programs started and stopped (`processes`),
 //! fixtures built from source (`fixtures`, `go`), reading what the agent
-//! wrote (`profiles`, `pprof_raw`), the continuous agent's endpoints
-//! (`http`), and the tools compared against (`perf`, the `arm64` guest).
+//! wrote (`profiles`, `pprof_raw`, `windows`), the continuous agent's
+//! endpoints (`http`), and the tools compared against (`perf`, the `arm64`
+//! guest).
 //!
 //! These tests load real BPF programs. Without root (or CAP_BPF and
 //! CAP_PERFMON) they fail with the reason; they never skip.
@@ -17,3 +18,4 @@ pub mod perf;
 pub mod pprof_raw;
 pub mod processes;
 pub mod profiles;
+pub mod windows;

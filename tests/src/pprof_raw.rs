@@ -187,8 +187,12 @@ fn sample_line(profile: &mut RawProfile, line: &str) {
         return;
     }
     if !line.starts_with(' ') {
-        // The sample types: "samples/count cpu/nanoseconds".
-        profile.sample_types = trimmed.split_whitespace().map(str::to_string).collect();
+        // The sample types: "samples/count cpu/nanoseconds", the default
+        // one (when the profile names one) marked "[dflt]".
+        profile.sample_types = trimmed
+            .split_whitespace()
+            .map(|t| t.trim_end_matches("[dflt]").to_string())
+            .collect();
         return;
     }
     if let Some((values, locations)) = trimmed.split_once(':')
@@ -284,10 +288,15 @@ fn raw_line(text: &str) -> Option<RawLine> {
 
 /// The header's duration: pprof prints it with `%.4v`, the first four
 /// characters of Go's `time.Duration` text, so "3.012345s" reads "3.01"
-/// (seconds, its unit cut off) while "3m0s" and "50ms" keep theirs.
+/// (seconds, its unit cut off) while "3m0s" and "50ms" keep theirs. A
+/// number of 60 or more without its unit is milliseconds ("205.123ms"
+/// reads "205."; a minute or more prints as "1m2.5s"). Below that the cut
+/// is ambiguous ("2.051234ms" also reads "2.05"): read as seconds, the
+/// profiles' usual length; `windows::top_duration` reads it exactly.
 fn raw_duration(text: &str) -> Option<Duration> {
     go_duration(text).or_else(|| {
-        let seconds: f64 = text.trim_end_matches('.').parse().ok()?;
+        let value: f64 = text.trim_end_matches('.').parse().ok()?;
+        let seconds = if value >= 60.0 { value / 1e3 } else { value };
         Some(Duration::from_secs_f64(seconds))
     })
 }
@@ -332,6 +341,7 @@ mod tests {
         assert_eq!(profile.duration, Duration::from_millis(3010));
         assert_eq!(raw_duration("3m0s"), Some(Duration::from_secs(180)));
         assert_eq!(raw_duration("50ms"), Some(Duration::from_millis(50)));
+        assert_eq!(raw_duration("205."), Some(Duration::from_millis(205)));
         assert_eq!(profile.sample_types, ["samples/count", "cpu/nanoseconds"]);
         let stacks = profile.stacks();
         assert_eq!(stacks.len(), 1);
