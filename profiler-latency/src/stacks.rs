@@ -233,13 +233,15 @@ impl ProbeStacks {
         // No Python process is registered with the probes' walker: its
         // stacks hold native frames only.
         let mut runtime_frames = profiler_runtimes::RuntimeFrames::default();
-        build_profile_of(
+        let mut profile = build_profile_of(
             stacks.iter(),
             &self.processes,
             &mut self.symbolizer,
             &mut runtime_frames,
             window,
-        )
+        );
+        without_thread_labels(&mut profile);
+        profile
     }
 
     /// Every stored stack's user frames.
@@ -289,6 +291,19 @@ impl ProbeStacks {
     }
 }
 
+/// Operations are totalled in the kernel per process and stack, over its
+/// threads (`StackId`: tgid and stack hash), so a sample stands for no one
+/// thread: the `tid` and `thread` labels every sample gets would be the
+/// placeholders `add` puts in its key (thread 0, no name). They go, as
+/// does a `comm` left empty by a process that exited before it was read.
+fn without_thread_labels(profile: &mut Profile) {
+    for sample in &mut profile.samples {
+        sample
+            .labels
+            .retain(|(key, value)| !matches!(key.as_str(), "tid" | "thread") && !value.is_empty());
+    }
+}
+
 fn add(
     stacks: &mut HashMap<StackKey, StackCounts>,
     id: StackId,
@@ -296,6 +311,7 @@ fn add(
     count: u64,
     sum_ns: u64,
 ) {
+    // No thread: see `without_thread_labels`.
     let key = StackKey {
         pid: id.tgid,
         tid: 0,
@@ -353,6 +369,27 @@ fn makedev(major: u64, minor: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probe_samples_carry_no_thread() {
+        let mut profile = Profile {
+            samples: vec![profiler_profile::Sample {
+                labels: vec![
+                    ("pid".into(), "42".into()),
+                    ("tid".into(), "0".into()),
+                    ("comm".into(), String::new()),
+                    ("thread".into(), String::new()),
+                ],
+                ..Default::default()
+            }],
+            ..Profile::default()
+        };
+        without_thread_labels(&mut profile);
+        assert_eq!(
+            profile.samples[0].labels,
+            [("pid".to_string(), "42".to_string())]
+        );
+    }
 
     #[test]
     fn device_numbers_are_built_like_glibc() {

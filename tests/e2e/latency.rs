@@ -9,6 +9,7 @@ use std::path::Path;
 
 use profiler_probes::read_probes;
 use profiler_profile::pprof::proto;
+use profiler_tests::pprof_raw::RawProfile;
 use profiler_tests::{agent::*, fixtures::*, http::*, processes::*, profiles::*};
 
 const ROUNDS: u64 = 5;
@@ -1019,6 +1020,39 @@ fn call_sites(profile: &proto::Profile) -> (BTreeMap<String, (i64, i64)>, bool) 
     (sites, all_reach_main)
 }
 
+/// Operations are totalled per process and stack in the kernel, not per
+/// thread: read with `go tool pprof -raw`, no sample of a probe profile
+/// has a thread (`tid`, `thread`), each has its process's `pid` and
+/// `comm`, the name of `binary` (as the kernel cuts it, 15 bytes).
+fn assert_process_labels_only(file: &Path, pid: &str, binary: &Path) {
+    let name = binary.file_name().unwrap().to_str().unwrap();
+    let comm = &name[..name.len().min(15)];
+    let profile = RawProfile::read(file);
+    assert!(
+        !profile.samples.is_empty(),
+        "{}: no samples",
+        file.display()
+    );
+    for sample in &profile.samples {
+        let labels = &sample.labels;
+        assert!(
+            !labels.contains_key("tid") && !labels.contains_key("thread"),
+            "{}: a thread label on operations totalled over threads: {labels:?}",
+            file.display()
+        );
+        assert_eq!(
+            labels.get("pid").map(String::as_str),
+            Some(pid),
+            "{labels:?}"
+        );
+        assert_eq!(
+            labels.get("comm").map(String::as_str),
+            Some(comm),
+            "{labels:?}"
+        );
+    }
+}
+
 /// `--stacks`: the operations of `work` are attributed to the call site
 /// they came from (through code without frame pointers), counts exact and
 /// latencies within 10% of the fixture's own measurement of each site;
@@ -1065,6 +1099,7 @@ fn stacks_at_probe_hits_split_operations_by_call_site() {
             "a stack did not reach main: {sites:?}\n{}",
             done.stderr
         );
+        assert_process_labels_only(&out, &pid, &fixture);
         let expected: Vec<(&str, i64, i64)> = match min_latency {
             None => vec![
                 ("checkout", checkout_calls, checkout_ns),
@@ -1198,6 +1233,7 @@ fn the_continuous_agent_exports_stacks_at_probe_hits_per_window() {
     for file in &files {
         let (window_sites, all_reach_main) = call_sites(&read_pprof(file));
         assert!(all_reach_main, "{}: {window_sites:?}", file.display());
+        assert_process_labels_only(file, &pid, &fixture);
         for (site, (calls, ns)) in window_sites {
             let entry = sites.entry(site).or_default();
             entry.0 += calls;
