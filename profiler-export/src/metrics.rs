@@ -106,6 +106,11 @@ pub struct ExporterStats {
     pub dropped: AtomicU64,
     pub queued: AtomicU64,
     pub up: AtomicBool,
+    /// Whether the exporter keeps a connection across windows (OTLP over
+    /// gRPC): only those have a reconnect count.
+    pub keeps_connection: AtomicBool,
+    /// Connections it opened after its first.
+    pub reconnects: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS.len()],
     latency_count: AtomicU64,
     latency_sum_micros: AtomicU64,
@@ -483,6 +488,23 @@ impl Metrics {
                 );
             }
         }
+        let name = "profiler_agent_export_reconnects_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Connections opened after the first, by exporters that keep one \
+             across windows (OTLP over gRPC).\n# TYPE {name} counter"
+        );
+        for stats in exporters
+            .iter()
+            .filter(|s| s.keeps_connection.load(Relaxed))
+        {
+            let _ = writeln!(
+                out,
+                "{name}{{exporter=\"{}\"}} {}",
+                stats.name,
+                stats.reconnects.load(Relaxed)
+            );
+        }
         let name = "profiler_agent_export_duration_seconds";
         let _ = writeln!(
             out,
@@ -532,7 +554,14 @@ mod tests {
         stats.observe_latency(3.0);
         stats.dropped.store(2, Relaxed);
         metrics.register_exporter(stats);
+        let grpc = Arc::new(ExporterStats::new("otlp"));
+        grpc.keeps_connection.store(true, Relaxed);
+        grpc.reconnects.store(1, Relaxed);
+        metrics.register_exporter(grpc);
         let text = metrics.render();
+        // Reconnects only of the exporter that keeps a connection.
+        assert!(text.contains("\nprofiler_agent_export_reconnects_total{exporter=\"otlp\"} 1\n"));
+        assert!(!text.contains("profiler_agent_export_reconnects_total{exporter=\"pyroscope\"}"));
         assert!(
             text.contains("\nprofiler_agent_kernel_samples_total 42\n"),
             "{text}"

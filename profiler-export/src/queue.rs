@@ -18,6 +18,13 @@ use crate::{Batch, ExportError, ExporterStats, Metrics};
 pub trait Exporter: Send + 'static {
     fn name(&self) -> &str;
     fn export(&mut self, batch: &Batch) -> Result<(), ExportError>;
+
+    /// For an exporter that keeps a connection across windows: the
+    /// connections it opened after its first (`/metrics`). None for the
+    /// others.
+    fn reconnects(&self) -> Option<u64> {
+        None
+    }
 }
 
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
@@ -54,6 +61,9 @@ impl ExporterHandle {
         metrics: &Metrics,
     ) -> std::io::Result<ExporterHandle> {
         let stats = Arc::new(ExporterStats::new(exporter.name()));
+        stats
+            .keeps_connection
+            .store(exporter.reconnects().is_some(), Relaxed);
         metrics.register_exporter(stats.clone());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -144,6 +154,9 @@ fn work(mut exporter: impl Exporter, shared: &Shared) {
             let started = Instant::now();
             let result = exporter.export(&batch);
             stats.observe_latency(started.elapsed().as_secs_f64());
+            if let Some(reconnects) = exporter.reconnects() {
+                stats.reconnects.store(reconnects, Relaxed);
+            }
             match result {
                 Ok(()) => {
                     stats.successes.fetch_add(1, Relaxed);

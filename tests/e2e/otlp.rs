@@ -2,7 +2,8 @@
 //! profiling the `hot` fixture exports each window to
 //! - an HTTP/protobuf receiver (`POST /v1development/profiles`), and
 //! - a real gRPC server (Python grpcio, plain and TLS) that goes down and
-//!   comes back,
+//!   comes back, and behind a TCP proxy that counts the connections the
+//!   agent opens and cuts them,
 //!
 //! and every request is decoded with the official generated OTLP messages
 //! (the `opentelemetry-proto` crate), then checked for resource attributes,
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::profiles::v1development::ExportProfilesServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, any_value};
+use profiler_tests::tcp_proxy::TcpProxy;
 use profiler_tests::{agent::*, fixtures::*, go::*, http::*, processes::*};
 use prost::Message;
 
@@ -638,6 +640,87 @@ fn otlp_over_grpc_reaches_a_real_grpc_server_and_survives_its_outage() {
         "the last window was not exported:\n{}",
         agent.log()
     );
+}
+
+/// Windows share one HTTP/2 connection: counted at a TCP proxy in front
+/// of the grpcio receiver, many windows arrive over one connection; once
+/// the proxy cuts it (the receiver stays up), the next windows arrive over
+/// exactly one new connection, without a failed export, and `/metrics`
+/// counts one reconnect.
+#[test]
+fn otlp_over_grpc_keeps_one_connection_across_windows() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Running::start(&hot_named(dir.path(), "otlp-conn-svc"), &[]);
+    let receiver_port = free_port();
+    let receiver = GrpcReceiver::start(receiver_port, &dir.path().join("conn"), None);
+    let proxy = TcpProxy::start(receiver_port);
+    let port = free_port();
+    let mut agent = AgentRun::start(&[
+        "--pids",
+        &fixture.pid().to_string(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--window",
+        "1s",
+        "--directory-path",
+        "",
+        "--otlp-url",
+        &format!("http://127.0.0.1:{}", proxy.port),
+        "--otlp-protocol",
+        "grpc",
+    ]);
+    agent.wait_ready(port);
+    let requests_reach = |count: usize| {
+        wait_for(Duration::from_secs(30), || {
+            (receiver.requests().len() >= count).then_some(())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{} of {count} windows arrived:\n{}",
+                receiver.requests().len(),
+                agent.log()
+            )
+        })
+    };
+    let metric = |series: &str| {
+        let text = String::from_utf8(
+            http_get(port, "/metrics", Duration::from_secs(5))
+                .unwrap()
+                .1,
+        )
+        .unwrap();
+        metric_value(&text, series).unwrap_or_else(|| panic!("no {series}:\n{text}"))
+    };
+    requests_reach(4);
+    assert_eq!(
+        proxy.accepted(),
+        1,
+        "{} windows over {} connections",
+        receiver.requests().len(),
+        proxy.accepted()
+    );
+    assert_eq!(
+        metric("profiler_agent_export_reconnects_total{exporter=\"otlp\"}"),
+        0.0
+    );
+
+    proxy.cut();
+    let before = receiver.requests().len();
+    requests_reach(before + 3);
+    assert_eq!(proxy.accepted(), 2, "connections after one cut");
+    assert_eq!(
+        metric("profiler_agent_export_reconnects_total{exporter=\"otlp\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric("profiler_agent_export_failures_total{exporter=\"otlp\"}"),
+        0.0,
+        "a window failed across the cut:\n{}",
+        agent.log()
+    );
+    assert!(agent.terminate(Duration::from_secs(20)).success());
 }
 
 #[test]

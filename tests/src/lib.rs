@@ -2,7 +2,8 @@
 //! under test (`agent`), the programs started and stopped (`processes`),
 //! fixtures built from source (`fixtures`, `go`), reading what the agent
 //! wrote (`profiles`, `pprof_raw`, `windows`), the continuous agent's
-//! endpoints (`http`), and the tools compared against (`perf`, the `arm64`
+//! endpoints (`http`) and a proxy counting its clients' connections
+//! (`tcp_proxy`), and the tools compared against (`perf`, the `arm64`
 //! guest).
 //!
 //! These tests load real BPF programs. Without root (or CAP_BPF and
@@ -14,8 +15,10 @@ pub mod fixtures;
 pub mod go;
 pub mod go_state;
 pub mod http;
+pub mod java;
 pub mod perf;
 pub mod pprof_raw;
 pub mod processes;
 pub mod profiles;
+pub mod tcp_proxy;
 pub mod windows;
