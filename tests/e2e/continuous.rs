@@ -129,6 +129,15 @@ fn go_tool_pprof_reads_the_pull_endpoint() {
     .unwrap();
     assert_eq!(status, 400);
     assert!(String::from_utf8_lossy(&body).contains("seconds"));
+    // Wall-clock pulls need `wall = true`: refused at once, saying so.
+    let (status, body) =
+        http_get(port, "/debug/pprof/wall?seconds=1", Duration::from_secs(5)).unwrap();
+    assert_eq!(status, 503);
+    assert!(
+        String::from_utf8_lossy(&body).contains("wall = false"),
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
     assert_eq!(
         http_get(port, "/healthz", Duration::from_secs(5))
             .unwrap()
