@@ -1100,8 +1100,8 @@ fn deploy_manifests_are_valid_kubernetes_objects() {
 
     // What the DaemonSet grants: host PIDs and exactly the capabilities
     // docs/security.md lists; through the API, reading pods, creating reviews of
-    // its callers (which store nothing), and for scrapers `get` on the two
-    // endpoints.
+    // its callers (which store nothing), and for scrapers `get` on the
+    // endpoints (metrics, and the CPU, wall-clock and heap pulls).
     for capability in ["- BPF", "- PERFMON", "- SYS_PTRACE", "- SYS_RESOURCE"] {
         assert!(daemonset.contains(capability), "{capability}");
     }
@@ -1131,7 +1131,7 @@ fn deploy_manifests_are_valid_kubernetes_objects() {
             "resources: [\"pods\"]",
             "resources: [\"tokenreviews\"]",
             "resources: [\"subjectaccessreviews\"]",
-            "- nonResourceURLs: [\"/metrics\", \"/debug/pprof/profile\"]"
+            "- nonResourceURLs: [\"/metrics\", \"/debug/pprof/profile\", \"/debug/pprof/wall\", \"/debug/pprof/heap\"]"
         ]
     );
 
