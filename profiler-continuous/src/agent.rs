@@ -722,6 +722,11 @@ fn export_window(
         );
         let views = std::iter::once((profiler_export::CPU_PROFILE, cpu, profile_window.kind));
         for (name, stacks, kind) in views.chain(wall) {
+            // A service that only waited (off-CPU time recorded for the
+            // wall-clock view alone) has no CPU profile.
+            if stacks.is_empty() {
+                continue;
+            }
             let window = Window {
                 stacks,
                 profile: ProfileWindow {
