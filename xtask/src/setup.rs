@@ -104,6 +104,7 @@ pub fn ensure(tier: Tier) -> anyhow::Result<()> {
         ensure_arm64_guest()?;
         ensure_python_roots()?;
         ensure_py_spy()?;
+        ensure_jdk_root()?;
     }
     Ok(())
 }
@@ -120,78 +121,26 @@ const PYTHON_ROOTS: &[(&str, &str)] = &[("trixie", "3.13"), ("sid", "3.14")];
 fn ensure_python_roots() -> anyhow::Result<()> {
     for &(suite, version) in PYTHON_ROOTS {
         let dir = cache_dir()?.join("python").join(suite);
-        let python = format!("/usr/bin/python{version}");
         if dir.join(".complete").exists() {
             continue;
         }
-        if !is_root() {
-            bail!("unpacking Debian's python{version} ({suite}) for the Python tests: run as root");
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-        let apt_dir = dir.join("apt");
-        std::fs::create_dir_all(apt_dir.join("lists/partial"))?;
-        std::fs::create_dir_all(apt_dir.join("cache/archives/partial"))?;
-        std::fs::write(
-            apt_dir.join("sources.list"),
-            format!(
-                "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-                 http://deb.debian.org/debian {suite} main\n"
-            ),
-        )?;
-        let options = [
-            format!(
-                "Dir::Etc::SourceList={}",
-                apt_dir.join("sources.list").display()
-            ),
-            "Dir::Etc::SourceParts=/dev/null".into(),
-            format!("Dir::State::Lists={}", apt_dir.join("lists").display()),
-            format!("Dir::Cache={}", apt_dir.join("cache").display()),
-            "APT::Sandbox::User=root".into(),
-        ];
-        let apt_get = |args: &[&str]| {
-            let mut command = Command::new("apt-get");
-            for option in &options {
-                command.arg("-o").arg(option);
-            }
-            command.args(args);
-            command
-        };
-        run(&mut apt_get(&["update", "-qq"]))
-            .with_context(|| format!("reading Debian {suite}'s package lists"))?;
-        let debs = dir.join("debs");
-        std::fs::create_dir_all(&debs)?;
-        let packages: Vec<String> = [
-            "libc6".to_string(),
-            "zlib1g".into(),
-            "libexpat1".into(),
-            format!("python{version}-minimal"),
-            format!("libpython{version}-minimal"),
-            format!("libpython{version}-stdlib"),
-        ]
-        .iter()
-        .map(|p| format!("{p}/{suite}"))
-        .collect();
-        let mut download = apt_get(&["download", "-qq"]);
-        download.args(&packages).current_dir(&debs);
-        run(&mut download).with_context(|| format!("downloading python{version} from {suite}"))?;
-        let root = dir.join("root");
-        for entry in std::fs::read_dir(&debs)? {
-            run(Command::new("dpkg-deb")
-                .arg("-x")
-                .arg(entry?.path())
-                .arg(&root))?;
-        }
-        for (link, target) in [
-            ("lib", "usr/lib"),
-            ("lib64", "usr/lib64"),
-            ("bin", "usr/bin"),
-        ] {
-            let _ = std::os::unix::fs::symlink(target, root.join(link));
-        }
-        std::fs::create_dir_all(root.join("tmp"))?;
-        std::fs::create_dir_all(root.join("dev"))?;
+        let root = unpack_suite(
+            &dir,
+            suite,
+            &[
+                "libc6".into(),
+                "zlib1g".into(),
+                "libexpat1".into(),
+                format!("python{version}-minimal"),
+                format!("libpython{version}-minimal"),
+                format!("libpython{version}-stdlib"),
+            ],
+        )
+        .with_context(|| {
+            format!("unpacking Debian's python{version} ({suite}) for the Python tests")
+        })?;
         let reported = output(Command::new("chroot").arg(&root).args([
-            &python,
+            &format!("/usr/bin/python{version}"),
             "-c",
             "import sys; print(sys.version.split()[0])",
         ]))
@@ -204,6 +153,119 @@ fn ensure_python_roots() -> anyhow::Result<()> {
         std::fs::write(dir.join(".complete"), reported)?;
     }
     Ok(())
+}
+
+/// Debian's newer OpenJDKs (the host has 17), unpacked with that suite's
+/// libc into one root under `${XDG_CACHE_HOME:-~/.cache}/profiler-agent/
+/// jdk/SUITE/root` and run there with `chroot` (with /proc bound into it:
+/// the launcher finds its libraries through /proc/self/exe) by the Java
+/// tests, as a container would run them. The host's JDK 17 tools (javac
+/// --release 17, jfr) serve them.
+const JDK_SUITE: &str = "trixie";
+const JDK_ROOT_VERSIONS: &[&str] = &["21", "25"];
+
+fn ensure_jdk_root() -> anyhow::Result<()> {
+    let dir = cache_dir()?.join("jdk").join(JDK_SUITE);
+    if dir.join(".complete").exists() {
+        return Ok(());
+    }
+    let mut packages: Vec<String> = ["libc6", "libgcc-s1", "libstdc++6", "zlib1g"]
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    packages.extend(
+        JDK_ROOT_VERSIONS
+            .iter()
+            .map(|v| format!("openjdk-{v}-jre-headless")),
+    );
+    let root = unpack_suite(&dir, JDK_SUITE, &packages).with_context(|| {
+        format!("unpacking Debian's OpenJDK {JDK_ROOT_VERSIONS:?} ({JDK_SUITE}) for the Java tests")
+    })?;
+    std::fs::create_dir_all(root.join("proc"))?;
+    let arch = if cfg!(target_arch = "aarch64") {
+        "arm64"
+    } else {
+        "amd64"
+    };
+    let mut reported = String::new();
+    for version in JDK_ROOT_VERSIONS {
+        let java = format!("/usr/lib/jvm/java-{version}-openjdk-{arch}/bin/java");
+        if !root.join(java.trim_start_matches('/')).exists() {
+            bail!("OpenJDK {version} from {JDK_SUITE} has no {java}");
+        }
+        reported.push_str(&format!("{java}\n"));
+    }
+    std::fs::write(dir.join(".complete"), reported)?;
+    Ok(())
+}
+
+/// Downloads `packages` of Debian `suite` (apt working from a state
+/// directory of its own under `dir`, naming only that suite: nothing is
+/// installed on the host) and unpacks them into `dir/root`, with the
+/// usual top-level links; returns the root.
+fn unpack_suite(
+    dir: &std::path::Path,
+    suite: &str,
+    packages: &[String],
+) -> anyhow::Result<std::path::PathBuf> {
+    if !is_root() {
+        bail!("run as root (dpkg-deb into a root of its own, chroot to check it)");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    let apt_dir = dir.join("apt");
+    std::fs::create_dir_all(apt_dir.join("lists/partial"))?;
+    std::fs::create_dir_all(apt_dir.join("cache/archives/partial"))?;
+    std::fs::write(
+        apt_dir.join("sources.list"),
+        format!(
+            "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+             http://deb.debian.org/debian {suite} main\n"
+        ),
+    )?;
+    let options = [
+        format!(
+            "Dir::Etc::SourceList={}",
+            apt_dir.join("sources.list").display()
+        ),
+        "Dir::Etc::SourceParts=/dev/null".into(),
+        format!("Dir::State::Lists={}", apt_dir.join("lists").display()),
+        format!("Dir::Cache={}", apt_dir.join("cache").display()),
+        "APT::Sandbox::User=root".into(),
+    ];
+    let apt_get = |args: &[&str]| {
+        let mut command = Command::new("apt-get");
+        for option in &options {
+            command.arg("-o").arg(option);
+        }
+        command.args(args);
+        command
+    };
+    run(&mut apt_get(&["update", "-qq"]))
+        .with_context(|| format!("reading Debian {suite}'s package lists"))?;
+    let debs = dir.join("debs");
+    std::fs::create_dir_all(&debs)?;
+    let mut download = apt_get(&["download", "-qq"]);
+    download
+        .args(packages.iter().map(|p| format!("{p}/{suite}")))
+        .current_dir(&debs);
+    run(&mut download).with_context(|| format!("downloading {packages:?} from {suite}"))?;
+    let root = dir.join("root");
+    for entry in std::fs::read_dir(&debs)? {
+        run(Command::new("dpkg-deb")
+            .arg("-x")
+            .arg(entry?.path())
+            .arg(&root))?;
+    }
+    for (link, target) in [
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("bin", "usr/bin"),
+    ] {
+        let _ = std::os::unix::fs::symlink(target, root.join(link));
+    }
+    std::fs::create_dir_all(root.join("tmp"))?;
+    std::fs::create_dir_all(root.join("dev"))?;
+    Ok(root)
 }
 
 /// py-spy, the Python tests' independent reader of the same processes

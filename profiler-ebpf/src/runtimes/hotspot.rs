@@ -235,10 +235,19 @@ fn compiled(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<S
         ));
     }
     if exact {
+        // Not yet in the frame (at the code's start, or in a compiled
+        // method's inline-cache check before its verified entry): the
+        // return address is still where the call left it. The verified
+        // entry is an nmethod's field; read from another kind of blob it
+        // is not between the code's start and its frame's completion, and
+        // only the code's start counts.
         let verified = verified_entry(state, blob, code)?;
-        // Not yet in the frame: the return address is still where the
-        // call left it.
-        if pc <= verified {
+        let before_frame = if code <= verified && verified - code <= frame_complete.max(0) as u64 {
+            pc <= verified
+        } else {
+            pc == code
+        };
+        if before_frame {
             return leaf_return(state, entry_caller_sp(state.sp));
         }
         // The frame is allocated but not complete: the caller's frame

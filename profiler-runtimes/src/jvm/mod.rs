@@ -37,6 +37,10 @@ use registry::JvmInstance;
 #[derive(Default)]
 pub struct JvmFrames {
     processes: HashMap<u32, JvmCode>,
+    /// Compiled frames as named, by their words (which hold the blob's
+    /// compile id: a freed and reused blob has other words). Interpreted
+    /// frames are not kept: their method is checked again each time.
+    compiled: HashMap<(u32, u64, u64), Vec<Frame>>,
 }
 
 impl JvmFrames {
@@ -56,6 +60,11 @@ impl JvmFrames {
         let Some(jvm) = jvm else {
             return vec![named("[java] (process not registered)")];
         };
+        if kind == JVM_KIND_COMPILED
+            && let Some(frames) = self.compiled.get(&(jvm.pid, payload, second))
+        {
+            return frames.clone();
+        }
         let code = self
             .processes
             .entry(jvm.pid)
@@ -64,19 +73,23 @@ impl JvmFrames {
         if kind == JVM_KIND_INTERPRETED {
             code.interpreted(&memory, address, second)
         } else {
-            code.compiled(
+            let frames = code.compiled(
                 &memory,
                 address,
                 (second >> 32) as u32,
                 second as u32,
                 exact,
-            )
+            );
+            self.compiled
+                .insert((jvm.pid, payload, second), frames.clone());
+            frames
         }
     }
 
     /// Forgets the processes `keep` says are gone.
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
         self.processes.retain(|pid, _| keep(*pid));
+        self.compiled.retain(|(pid, _, _), _| keep(*pid));
     }
 }
 
