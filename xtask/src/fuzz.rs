@@ -17,6 +17,7 @@ const TARGETS: &[&str] = &[
     "go_pclntab",
     "python_frames",
     "go_runtime_state",
+    "jvm_structures",
     "usdt_notes",
     "text_parsers",
     "cfi_rows",
@@ -95,6 +96,25 @@ fn seed_corpus(fuzz_dir: &Path) -> anyhow::Result<()> {
     };
     let scratch = root.join("target/fuzz-seeds");
     std::fs::create_dir_all(&scratch)?;
+    // Every target has a corpus directory, seeded or not.
+    for target in TARGETS {
+        dir(target)?;
+    }
+    // Runtime memory: a word that picks addresses, then bytes as they lie
+    // in a process (a Go heap bucket of 1.21: header, two PCs, four
+    // cycles; a JVM line table escaped and packed; a small CPython
+    // frame window).
+    let mut bucket: Vec<u8> = 0u64.to_le_bytes().to_vec();
+    for word in [0u64, 0, 1, 0, 64, 2, 0x401001, 0x402002, 3, 1, 192, 64] {
+        bucket.extend_from_slice(&word.to_le_bytes());
+    }
+    bucket.resize(bucket.len() + 96, 0);
+    std::fs::write(dir("go_runtime_state")?.join("bucket"), &bucket)?;
+    let mut lines = 7u64.to_le_bytes().to_vec();
+    lines.extend_from_slice(&7u64.to_le_bytes());
+    lines.extend_from_slice(&[0xff, 0, 60, 17, 57, 65, 0xff, 12, 3, 52, 0]);
+    std::fs::write(dir("jvm_structures")?.join("line-table"), &lines)?;
+    std::fs::write(dir("python_frames")?.join("zeros"), [0u8; 128])?;
 
     // Small ELF files: a C fixture with and without debug info.
     let c = scratch.join("hot");

@@ -166,6 +166,9 @@ impl JvmCode {
             return vec![unnamed("[java: code blob unreadable]")];
         };
         if name != "nmethod" && name != "native nmethod" {
+            // pprof's views cut what is in parentheses as an argument list
+            // ("StubRoutines (1)" would print as "StubRoutines").
+            let name: String = name.chars().filter(|c| !matches!(c, '(' | ')')).collect();
             return vec![unnamed(&format!("[jvm] {name}"))];
         }
         let id = memory
@@ -272,7 +275,7 @@ pub fn read_method(
         // The table follows the bytecodes; its end is not recorded, so a
         // bounded piece is read (a page boundary may cut it: what was
         // read is used).
-        let table = code_base + code_size;
+        let table = code_base.wrapping_add(code_size);
         let bytes = read_some(memory, table, 4096);
         stream::line_table(&bytes, layout.encoding, MAX_LINES)
     } else {

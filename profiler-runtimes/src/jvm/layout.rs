@@ -271,12 +271,12 @@ pub fn walker_layout(
     }
     let length = read_u32(
         memory,
-        array + need(structs, "GrowableArrayBase", "_len")?,
+        array.wrapping_add(need(structs, "GrowableArrayBase", "_len")?),
         "the code heaps' count",
     )?;
     let data = read_u64(
         memory,
-        array + need(structs, "GrowableArray<int>", "_data")?,
+        array.wrapping_add(need(structs, "GrowableArray<int>", "_data")?),
         "the code heaps",
     )?;
     if length == 0 || length as usize > MAX_JVM_HEAPS {
@@ -292,22 +292,26 @@ pub fn walker_layout(
     let low = need(structs, "VirtualSpace", "_low")?;
     let mut process = JvmProcess::default();
     for i in 0..length as u64 {
-        let heap = read_u64(memory, data + 8 * i, "a code heap")?;
-        let log2_segment = read_u32(memory, heap + log2_field, "a code heap's segment size")?;
+        let heap = read_u64(memory, data.wrapping_add(8 * i), "a code heap")?;
+        let log2_segment = read_u32(
+            memory,
+            heap.wrapping_add(log2_field),
+            "a code heap's segment size",
+        )?;
         let entry = JvmHeap {
             low: read_u64(
                 memory,
-                heap + memory_field + low_boundary,
+                heap.wrapping_add(memory_field + low_boundary),
                 "a code heap's start",
             )?,
             high: read_u64(
                 memory,
-                heap + memory_field + high_boundary,
+                heap.wrapping_add(memory_field + high_boundary),
                 "a code heap's end",
             )?,
             segmap: read_u64(
                 memory,
-                heap + segmap_field + low,
+                heap.wrapping_add(segmap_field + low),
                 "a code heap's segment map",
             )?,
             log2_segment,
@@ -333,18 +337,18 @@ pub fn walker_layout(
     }
     let buffer = read_u64(
         memory,
-        queue + need(structs, "StubQueue", "_stub_buffer")?,
+        queue.wrapping_add(need(structs, "StubQueue", "_stub_buffer")?),
         "the interpreter's code",
     )?;
     let limit = read_u32(
         memory,
-        queue + need(structs, "StubQueue", "_buffer_limit")?,
+        queue.wrapping_add(need(structs, "StubQueue", "_buffer_limit")?),
         "the interpreter's size",
     )?;
     process.code_low = code_low;
     process.code_high = code_high;
     process.interpreter_low = buffer;
-    process.interpreter_high = buffer + u64::from(limit);
+    process.interpreter_high = buffer.wrapping_add(u64::from(limit));
     let narrow = |value: u64, what: &str| {
         u16::try_from(value).map_err(|_| LayoutError::Invalid(format!("{what} at {value}")))
     };

@@ -131,17 +131,17 @@ impl VmStructs {
         let offset = global("gHotSpotVMStructEntryOffsetOffset")?;
         let static_address = global("gHotSpotVMStructEntryAddressOffset")?;
         for entry in entries(memory, first_field, &fields, "gHotSpotVMStructs")? {
-            let type_name = name_at(memory, entry + fields.name_offset)?;
-            let field = name_at(memory, entry + field_name)?;
-            let value = if read_u32(memory, entry + is_static)? != 0 {
-                Field::Static(read_u64(memory, entry + static_address)?)
+            let type_name = name_at(memory, entry.wrapping_add(fields.name_offset))?;
+            let field = name_at(memory, entry.wrapping_add(field_name))?;
+            let value = if read_u32(memory, entry.wrapping_add(is_static))? != 0 {
+                Field::Static(read_u64(memory, entry.wrapping_add(static_address))?)
             } else {
-                Field::Offset(read_u64(memory, entry + offset)?)
+                Field::Offset(read_u64(memory, entry.wrapping_add(offset))?)
             };
             // Not every entry names its type (a null string).
-            let type_of = match read_u64(memory, entry + type_string)? {
+            let type_of = match read_u64(memory, entry.wrapping_add(type_string))? {
                 0 => String::new(),
-                _ => name_at(memory, entry + type_string)?,
+                _ => name_at(memory, entry.wrapping_add(type_string))?,
             };
             structs
                 .field_types
@@ -161,8 +161,10 @@ impl VmStructs {
             &types,
             "gHotSpotVMTypes",
         )? {
-            let name = name_at(memory, entry + types.name_offset)?;
-            structs.types.insert(name, read_u64(memory, entry + size)?);
+            let name = name_at(memory, entry.wrapping_add(types.name_offset))?;
+            structs
+                .types
+                .insert(name, read_u64(memory, entry.wrapping_add(size))?);
         }
 
         let ints = layout(
@@ -177,8 +179,8 @@ impl VmStructs {
             &ints,
             "gHotSpotVMIntConstants",
         )? {
-            let name = name_at(memory, entry + ints.name_offset)?;
-            let v = read_u32(memory, entry + value)? as i32;
+            let name = name_at(memory, entry.wrapping_add(ints.name_offset))?;
+            let v = read_u32(memory, entry.wrapping_add(value))? as i32;
             structs.ints.insert(name, i64::from(v));
         }
 
@@ -194,8 +196,10 @@ impl VmStructs {
             &longs,
             "gHotSpotVMLongConstants",
         )? {
-            let name = name_at(memory, entry + longs.name_offset)?;
-            structs.longs.insert(name, read_u64(memory, entry + value)?);
+            let name = name_at(memory, entry.wrapping_add(longs.name_offset))?;
+            structs
+                .longs
+                .insert(name, read_u64(memory, entry.wrapping_add(value))?);
         }
         Ok(structs)
     }
@@ -244,7 +248,7 @@ fn entries(
     let mut entries = Vec::new();
     let mut at = first;
     loop {
-        if read_u64(memory, at + layout.name_offset)? == 0 {
+        if read_u64(memory, at.wrapping_add(layout.name_offset))? == 0 {
             return Ok(entries);
         }
         if entries.len() >= MAX_ENTRIES {

@@ -9,6 +9,7 @@ mod codec;
 mod continuous;
 mod gostate;
 mod growth;
+mod java;
 mod listener;
 mod offcpu;
 mod overhead;
@@ -37,6 +38,7 @@ const SCENARIOS: &[&str] = &[
     "probes",
     "stripped",
     "go-state",
+    "java",
     "continuous",
     "unwinding",
 ];
@@ -223,6 +225,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     if wanted("go-state") {
         results.go_state = gostate::run(&env, &plan);
         errors.append(&mut results.go_state.errors);
+    }
+    if wanted("java") {
+        results.java = java::run(&env, &plan);
+        errors.append(&mut results.java.errors);
     }
     if wanted("continuous") {
         results.continuous = continuous::run(&env, &plan);

@@ -29,6 +29,7 @@ pub struct Results {
     pub stripped: super::stripped::Stripped,
     pub probes: super::probes::ProbeBench,
     pub go_state: super::gostate::GoState,
+    pub java: super::java::JavaBench,
     pub load_before: String,
     pub load_after: String,
     pub elapsed: Duration,
@@ -318,6 +319,7 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
     off_cpu_section(&mut md, plan, &r.off_cpu);
 
     super::gostate::section(&mut md, plan, &r.go_state);
+    super::java::section(&mut md, plan, &r.java);
 
     // Targets.
     let _ = writeln!(md, "## Targets\n");

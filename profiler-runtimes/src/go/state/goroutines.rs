@@ -104,8 +104,8 @@ impl StackWindow {
     /// The word at `at`: from the piece read, else from a new piece that
     /// starts there and runs to the stack's top (or `STACK_PIECE`).
     fn u64(&mut self, memory: &impl Memory, at: u64) -> Option<u64> {
-        let inside =
-            at >= self.start && at.saturating_add(8) <= self.start + self.bytes.len() as u64;
+        let inside = at >= self.start
+            && at.saturating_add(8) <= self.start.saturating_add(self.bytes.len() as u64);
         if !inside {
             let len = self.hi.saturating_sub(at).clamp(8, STACK_PIECE);
             self.bytes = memory
@@ -217,7 +217,8 @@ impl GoTarget {
                     // allgs[0] is the main goroutine, alive as long as the
                     // process: goid 1, or the offsets are not this
                     // runtime's.
-                    let goid = self.u64(g + layout.g_goid, "the main goroutine's goid")?;
+                    let goid =
+                        self.u64(g.wrapping_add(layout.g_goid), "the main goroutine's goid")?;
                     if goid != 1 {
                         return Err(self.read_error(
                             "runtime.allgs",
@@ -279,7 +280,7 @@ impl GoTarget {
         let m = u64_at(layout.g_m);
         let thread = if m != 0 {
             self.memory
-                .u64(m + layout.m_procid)
+                .u64(m.wrapping_add(layout.m_procid))
                 .ok()
                 .and_then(|t| u32::try_from(t).ok())
         } else {
@@ -331,7 +332,7 @@ impl GoTarget {
         let from = layout.g_sched_pc;
         let Ok(bytes) = self
             .memory
-            .bytes(g + from, (layout.g_status + 4 - from) as usize)
+            .bytes(g.wrapping_add(from), (layout.g_status + 4 - from) as usize)
         else {
             return false;
         };
@@ -450,7 +451,7 @@ impl GoTarget {
             return Vec::new();
         };
         (0..count.min(256) as u64)
-            .map(|i| go_string(&self.memory, table + 16 * i, 128).unwrap_or_default())
+            .map(|i| go_string(&self.memory, table.wrapping_add(16 * i), 128).unwrap_or_default())
             .collect()
     }
 }
@@ -490,10 +491,10 @@ fn slice_labels(memory: &impl Memory, at: u64) -> Option<Vec<(String, String)>> 
     Some(
         (0..len.min(MAX_LABELS))
             .filter_map(|i| {
-                let entry = data + 32 * i;
+                let entry = data.wrapping_add(32 * i);
                 Some((
                     go_string(memory, entry, MAX_TEXT)?,
-                    go_string(memory, entry + 16, MAX_TEXT)?,
+                    go_string(memory, entry.wrapping_add(16), MAX_TEXT)?,
                 ))
             })
             .collect(),
@@ -520,7 +521,7 @@ fn map_labels(memory: &impl Memory, at: u64) -> Option<Vec<(String, String)>> {
     let mut labels = Vec::new();
     let mut visited = HashSet::new();
     for i in 0..(1u64 << b) {
-        let mut bucket = buckets + i * BUCKET;
+        let mut bucket = buckets.wrapping_add(i * BUCKET);
         while bucket != 0 && visited.insert(bucket) && (labels.len() as u64) < count.min(MAX_LABELS)
         {
             let tophash = memory.array::<8>(bucket).ok()?;
@@ -528,12 +529,16 @@ fn map_labels(memory: &impl Memory, at: u64) -> Option<Vec<(String, String)>> {
                 if top >= 5 {
                     let slot = slot as u64;
                     labels.push((
-                        go_string(memory, bucket + SLOT_KEYS + 16 * slot, MAX_TEXT)?,
-                        go_string(memory, bucket + SLOT_VALUES + 16 * slot, MAX_TEXT)?,
+                        go_string(memory, bucket.wrapping_add(SLOT_KEYS + 16 * slot), MAX_TEXT)?,
+                        go_string(
+                            memory,
+                            bucket.wrapping_add(SLOT_VALUES + 16 * slot),
+                            MAX_TEXT,
+                        )?,
                     ));
                 }
             }
-            bucket = memory.u64(bucket + OVERFLOW).ok()?;
+            bucket = memory.u64(bucket.wrapping_add(OVERFLOW)).ok()?;
         }
     }
     labels.truncate(MAX_LABELS as usize);
