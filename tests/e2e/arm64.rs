@@ -12,7 +12,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use profiler_profile::pprof::proto;
-use profiler_tests::arm64::{Guest, GuestRun, Scenario, arm64_agent, run_guest, tail};
+use profiler_tests::arm64::{
+    Guest, GuestRun, Scenario, arm64_agent, kept_console, run_guest, tail,
+};
 use profiler_tests::go_state::{by_leaf, dump_by_goroutine};
 use profiler_tests::pprof_raw::RawProfile;
 use profiler_tests::{agent::*, go::*, profiles::*};
@@ -78,6 +80,31 @@ fn go_fixture_of(dir: &str, version: &str, stripped: bool) -> PathBuf {
     out
 }
 
+/// The latency fixture for arm64: sys/sdt.h is architecture-neutral, but
+/// Debian installs it under the x86_64 multiarch directory only.
+fn latency_fixture(dir: &Path) -> PathBuf {
+    let include = dir.join("sdt-include/sys");
+    std::fs::create_dir_all(&include).unwrap();
+    for name in ["sdt.h", "sdt-config.h"] {
+        std::fs::copy(
+            Path::new("/usr/include/x86_64-linux-gnu/sys").join(name),
+            include.join(name),
+        )
+        .unwrap_or_else(|e| panic!("copying sys/{name} (systemtap-sdt-dev): {e}"));
+    }
+    let usdt = workspace_root().join("tests/fixtures/usdt");
+    cross_gcc(
+        &dir.join("latency"),
+        &[usdt.join("latency.c"), usdt.join("latency_sem.c")],
+        &[
+            "-O2",
+            "-g",
+            "-isystem",
+            dir.join("sdt-include").to_str().unwrap(),
+        ],
+    )
+}
+
 /// The scenarios, their binaries and the guest script, built once.
 fn guest() -> (Guest, HashMap<&'static str, PathBuf>) {
     let dir = fixtures_dir();
@@ -124,31 +151,7 @@ fn guest() -> (Guest, HashMap<&'static str, PathBuf>) {
             &["-O2", "-g", "-pthread", "-fno-optimize-sibling-calls"],
         ),
     );
-    // The latency fixture: sys/sdt.h is architecture-neutral, but Debian
-    // installs it under the x86_64 multiarch directory only.
-    let include = dir.join("sdt-include/sys");
-    std::fs::create_dir_all(&include).unwrap();
-    for name in ["sdt.h", "sdt-config.h"] {
-        std::fs::copy(
-            Path::new("/usr/include/x86_64-linux-gnu/sys").join(name),
-            include.join(name),
-        )
-        .unwrap_or_else(|e| panic!("copying sys/{name} (systemtap-sdt-dev): {e}"));
-    }
-    let usdt = workspace_root().join("tests/fixtures/usdt");
-    binaries.insert(
-        "latency",
-        cross_gcc(
-            &dir.join("latency"),
-            &[usdt.join("latency.c"), usdt.join("latency_sem.c")],
-            &[
-                "-O2",
-                "-g",
-                "-isystem",
-                dir.join("sdt-include").to_str().unwrap(),
-            ],
-        ),
-    );
+    binaries.insert("latency", latency_fixture(&dir));
     let go_names = [
         ("1.19", false, "go-1.19"),
         ("1.19", true, "go-1.19-s"),
@@ -308,12 +311,24 @@ fn run() -> &'static Run {
         // reported a CPU stuck for minutes in the latency scenario's agent
         // (a soft lockup; the guest now panics on one). It did not come
         // back in the runs that followed, with or without the same
-        // binaries, so it is taken for the emulation's and the guest is
-        // booted once more; a second lockup fails the lane.
-        if let Err(error) = &result
-            && error.contains("soft lockup")
+        // binaries, nor in some 600 runs of that scenario in one boot
+        // (`arm64_latency_scenario_soak`), so the guest is booted once
+        // more; a second lockup fails the lane. The first boot's console,
+        // every CPU's backtrace in it (`LANE_KERNEL_ARGS`), is kept and
+        // its lockup printed: where the kernel was is what is unknown.
+        if result.is_err()
+            && let Ok(console) = std::fs::read_to_string(kept_console())
+            && console.contains("soft lockup")
         {
-            eprintln!("arm64 guest: soft lockup, booting it once more:\n{error}");
+            let kept = workspace_root().join("target/arm64-guest-soft-lockup.log");
+            let _ = std::fs::write(&kept, &console);
+            let at = console.rfind("BUG: soft lockup").unwrap_or(0);
+            let lockup: Vec<&str> = console[at..].lines().take(200).collect();
+            eprintln!(
+                "arm64 guest: soft lockup (whole console in {}), booting it once more:\n{}",
+                kept.display(),
+                lockup.join("\n")
+            );
             result = run_guest(&guest, Duration::from_secs(900));
         }
         if let Ok(run) = &result {
@@ -1115,4 +1130,172 @@ fn arm64_go_heap_and_goroutines_match_the_programs_own() {
             assert_eq!(compared, 9, "{name} ({dump})");
         }
     }
+}
+
+/// The latency scenario's minutes of soak (`PROFILER_ARM64_SOAK_MINUTES`).
+const SOAK_MINUTES: u64 = 25;
+
+/// The kernel's command line of a soak: the kernel's messages on the
+/// console (`loglevel=7`), and a soft lockup panics with every CPU's
+/// backtrace.
+const SOAK_KERNEL_ARGS: &str = "console=ttyAMA0 panic=-1 loglevel=7 softlockup_panic=1 \
+                                softlockup_all_cpu_backtrace=1 sysrq_always_enabled=1";
+
+/// The latency scenario, again and again for `minutes`, with a watchdog
+/// in the guest that dumps the agent's kernel stacks
+/// (`/proc/PID/task/*/stack`), every CPU's (sysrq `l`) and the blocked
+/// tasks (sysrq `w`) when one run of the agent lasts over two minutes (it
+/// takes seconds). Needs `/bin/latency` and the agent in the guest.
+fn latency_soak_script(minutes: u64) -> String {
+    format!(
+        r#"
+soak_wait_for() {{
+    w=0
+    while ! grep -q "$2" "$1" 2>/dev/null && [ $w -lt 600 ]; do sleep 0.1; w=$((w+1)); done
+}}
+(
+while true; do
+    sleep 5
+    read AG T < /tmp/agent.now 2>/dev/null || continue
+    [ -d /proc/$AG ] || continue
+    [ -e /tmp/dumped.$AG ] && continue
+    age=$(( $(date +%s) - T ))
+    [ $age -gt 120 ] || continue
+    touch /tmp/dumped.$AG
+    echo "=== WATCHDOG agent $AG running for $age s"
+    for t in /proc/$AG/task/*; do
+        echo "--- $t $(cat $t/comm) state $(cut -d' ' -f3 $t/stat) wchan $(cat $t/wchan)"
+        cat $t/stack
+    done
+    echo l > /proc/sysrq-trigger
+    echo w > /proc/sysrq-trigger
+    echo "=== WATCHDOG END"
+done
+) &
+end=$(( $(date +%s) + {seconds} ))
+n=0
+while [ $(date +%s) -lt $end ]; do
+    n=$((n+1))
+    rm -f /tmp/soak-gate /tmp/soak.out /tmp/soak-hist.out /tmp/soak-hist.err
+    mkfifo /tmp/soak-gate
+    /bin/latency 3 wait < /tmp/soak-gate > /tmp/soak.out & L=$!
+    exec 5>/tmp/soak-gate
+    start=$(date +%s)
+    /bin/profiler-agent latency --budget 0 --pid $L \
+        usdt:/bin/latency:demo:op__start usdt:/bin/latency:demo:op__done \
+        > /tmp/soak-hist.out 2> /tmp/soak-hist.err & AG=$!
+    echo "$AG $start" > /tmp/agent.now
+    soak_wait_for /tmp/soak-hist.err "attached "
+    echo go >&5
+    soak_wait_for /tmp/soak.out "^ops"
+    kill -INT $AG; wait $AG; rc=$?
+    echo go >&5; exec 5>&-; wait $L
+    echo "=== SOAK run $n rc $rc seconds $(( $(date +%s) - start )) $(grep -c '^\[' /tmp/soak-hist.out) rows"
+done
+echo "=== SOAK done $n"
+"#,
+        seconds = minutes * 60
+    )
+}
+
+/// Boots `guest` with the soak's kernel command line and fails naming
+/// what it saw: a soft lockup or a stuck agent (the console's end), a
+/// soak that did not finish, runs that failed. The whole console is kept
+/// as target/arm64-guest/console.log.
+fn soak(mut guest: Guest, minutes: u64) {
+    guest.kernel_args = Some(SOAK_KERNEL_ARGS.into());
+    guest.script.push_str(&latency_soak_script(minutes));
+    let result = run_guest(&guest, Duration::from_secs(minutes * 60 + 1800));
+    let console = match &result {
+        Ok(run) => run.console.clone(),
+        Err(error) => error.clone(),
+    };
+    let runs: Vec<&str> = console
+        .lines()
+        .filter(|l| l.starts_with("=== SOAK run"))
+        .collect();
+    let failed: Vec<&&str> = runs.iter().filter(|l| !l.contains(" rc 0 ")).collect();
+    eprintln!(
+        "arm64 soak: {} runs of the latency scenario in {minutes} min; last: {:?}",
+        runs.len(),
+        runs.last()
+    );
+    assert!(
+        !console.contains("soft lockup") && !console.contains("=== WATCHDOG"),
+        "a stuck agent after {} runs; console:\n{}",
+        runs.len(),
+        tail(&console, 400)
+    );
+    assert!(
+        result.is_ok() && console.contains("=== SOAK done"),
+        "the soak did not finish: {}",
+        tail(&console, 100)
+    );
+    assert!(failed.is_empty(), "runs that failed: {failed:?}");
+}
+
+/// The soft lockup the lane saw once in about twenty boots, in the latency
+/// scenario (its agent stuck on a CPU in the kernel): one boot that runs
+/// only that scenario for `SOAK_MINUTES` (some 600 runs of it), with the
+/// kernel's messages on the console, a panic with every CPU's backtrace
+/// on a soft lockup, and the watchdog of `latency_soak_script`. Ignored:
+/// it holds both CPUs for half an hour (`cargo test -p profiler-tests
+/// --test arm64 -- --ignored arm64_latency_scenario_soak`).
+#[test]
+#[ignore]
+fn arm64_latency_scenario_soak() {
+    require_bpf_privileges();
+    let mut guest = Guest::default();
+    guest
+        .files
+        .push(("/bin/profiler-agent".into(), arm64_agent()));
+    guest
+        .files
+        .push(("/bin/latency".into(), latency_fixture(&fixtures_dir())));
+    soak(guest, soak_minutes());
+}
+
+/// The same soak after the whole lane's script, in the state the lane
+/// leaves the guest in (the lockup came in the lane, after the sampling,
+/// Go state and Python scenarios; the latency scenario alone did not
+/// reproduce it). Ignored, as above.
+#[test]
+#[ignore]
+fn arm64_latency_scenario_soak_after_the_lane() {
+    require_bpf_privileges();
+    let (guest, _) = guest();
+    soak(guest, soak_minutes());
+}
+
+fn soak_minutes() -> u64 {
+    std::env::var("PROFILER_ARM64_SOAK_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(SOAK_MINUTES)
+}
+
+/// The lane's kernel command line (`LANE_KERNEL_ARGS`) keeps the console
+/// to its framed output, yet a panic (the guest panics on a soft lockup)
+/// shows the whole kernel log: a message below the console's level is on
+/// it after a crash. Ignored: a boot of its own, for whoever changes the
+/// command line.
+#[test]
+#[ignore]
+fn arm64_guest_panic_replays_the_kernel_log() {
+    require_bpf_privileges();
+    let guest = Guest {
+        script: "echo '<6>profiler-agent-test: below the console level' > /dev/kmsg\n\
+                 echo '=== CRASHING'\n\
+                 echo c > /proc/sysrq-trigger\n"
+            .into(),
+        ..Guest::default()
+    };
+    let error = run_guest(&guest, Duration::from_secs(300))
+        .expect_err("the guest crashed before its script ended");
+    let console = std::fs::read_to_string(kept_console()).unwrap();
+    let crash = console.find("=== CRASHING").expect("the script ran");
+    assert!(
+        console[crash..].contains("profiler-agent-test: below the console level"),
+        "the panic did not replay the kernel log:\n{error}"
+    );
 }

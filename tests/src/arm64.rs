@@ -92,7 +92,20 @@ pub struct Guest {
     /// Run by busybox `sh` after the mounts; `scenario NAME` and friends
     /// (see `PRELUDE`) frame its output.
     pub script: String,
+    /// The kernel's command line; None: the lane's quiet one
+    /// (`LANE_KERNEL_ARGS`). An investigation wants the kernel's own
+    /// messages on the console (a higher `loglevel`).
+    pub kernel_args: Option<String>,
 }
+
+/// The lane's kernel command line: only emergencies on the console, so
+/// the scenarios' framed output is all there is to parse. A panic (the
+/// guest panics on a soft lockup) replays the whole kernel log first
+/// (`panic_print` bit 5), with every CPU's backtrace when a soft lockup
+/// caused it: the console then says where each CPU was, which
+/// `loglevel=1` alone keeps to the one `BUG: soft lockup` line.
+pub const LANE_KERNEL_ARGS: &str =
+    "console=ttyAMA0 panic=-1 quiet loglevel=1 softlockup_all_cpu_backtrace=1 panic_print=0x20";
 
 /// Shell helpers the guest script uses. `begin NAME` / `end NAME STATUS`
 /// frame a scenario's output; `file PATH` sends a file base64-encoded.
@@ -226,7 +239,8 @@ pub fn run_guest(guest: &Guest, timeout: Duration) -> Result<GuestRun, String> {
         .arg(&assets.kernel)
         .arg("-initrd")
         .arg(&initramfs)
-        .args(["-append", "console=ttyAMA0 panic=-1 quiet loglevel=1"])
+        .arg("-append")
+        .arg(guest.kernel_args.as_deref().unwrap_or(LANE_KERNEL_ARGS))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -271,6 +285,12 @@ pub fn run_guest(guest: &Guest, timeout: Duration) -> Result<GuestRun, String> {
     };
     keep(&kept, &run);
     Ok(run)
+}
+
+/// The whole console of the last boot (`run_guest` writes it, whether
+/// the boot succeeded or not).
+pub fn kept_console() -> PathBuf {
+    workspace_root().join("target/arm64-guest/console.log")
 }
 
 /// `target/arm64-guest/`, emptied: where a run leaves its script, its
