@@ -62,6 +62,10 @@ impl JavaBench {
     }
 }
 
+/// The workload's warm-up (JavaService.java): the JIT compiles, a profiler
+/// attaches.
+const WARMUP: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// Builds the workload's classes into `dir`.
 fn build(root: &Path, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
@@ -77,8 +81,8 @@ fn build(root: &Path, dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the workload (`extra` JVM options first); returns it once warm,
-/// with its pid.
+/// Starts the workload (`extra` JVM options first); returns it with its
+/// pid as it starts its 4 s warm-up (a profiler attaches meanwhile).
 fn start(dir: &Path, seconds: f64, extra: &[String]) -> anyhow::Result<(Child, u32)> {
     let mut child = Command::new("java")
         .args(extra)
@@ -91,14 +95,24 @@ fn start(dir: &Path, seconds: f64, extra: &[String]) -> anyhow::Result<(Child, u
         .spawn()
         .context("starting java")?;
     let stdout = child.stdout.as_mut().context("java's stdout")?;
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    let pid = line
-        .trim()
-        .strip_prefix("ready ")
-        .and_then(|p| p.parse().ok())
-        .with_context(|| format!("the workload said {line:?}, not \"ready PID\""))?;
-    Ok((child, pid))
+    // JFR logs its start on stdout first.
+    let mut reader = BufReader::new(stdout);
+    let mut said = String::new();
+    for _ in 0..20 {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            break;
+        }
+        if let Some(pid) = line
+            .trim()
+            .strip_prefix("ready ")
+            .and_then(|p| p.parse().ok())
+        {
+            return Ok((child, pid));
+        }
+        said.push_str(&line);
+    }
+    bail!("the workload said {said:?}, not \"ready PID\"")
 }
 
 /// Waits for the workload; its ops per second.
@@ -163,24 +177,32 @@ fn measure(env: &Env, plan: &Plan, results: &mut JavaBench) -> anyhow::Result<()
                     finish(child)?
                 }
                 Condition::Agent => {
+                    let started = std::time::Instant::now();
                     let (child, pid) = start(&dir, seconds, &[])?;
                     let output = env.out.join("java-agent.pb.gz");
                     let log = env.out.join("java-agent.log");
                     let agent = start_agent(env, plan.hz, &output, &log, Some(pid), &[])?;
                     let agent_pid = agent.pid().context("the agent's pid")?;
+                    // The BPF time and the agent's CPU over most of the
+                    // measured phase (the agent stops by itself when the
+                    // workload exits).
+                    std::thread::sleep(WARMUP.saturating_sub(started.elapsed()));
                     let before = perf_event_counters(agent_pid, None)?.unwrap_or_default();
                     let usage_before = read_usage(agent_pid).unwrap_or_default();
-                    let rate = finish(child)?;
+                    let measured = seconds * 0.8;
+                    std::thread::sleep(std::time::Duration::from_secs_f64(measured));
                     let after = perf_event_counters(agent_pid, None)?.unwrap_or_default();
                     let usage_after = read_usage(agent_pid).unwrap_or_default();
-                    let stopped = agent.stop()?;
+                    let rate = finish(child)?;
+                    // It may have stopped already (its process exited).
+                    let _ = agent.stop();
                     if let Some(ns) = after.since(before).ns_per_run() {
                         results.bpf_java_ns.push(ns);
                     }
                     results.agent_cpu_per_wall.push(
-                        (usage_after.cpu_seconds - usage_before.cpu_seconds) / seconds.max(0.1),
+                        (usage_after.cpu_seconds - usage_before.cpu_seconds) / measured.max(0.1),
                     );
-                    results.agent_peak_rss = results.agent_peak_rss.max(stopped.peak_rss_bytes);
+                    results.agent_peak_rss = results.agent_peak_rss.max(usage_after.peak_rss_bytes);
                     rate
                 }
             };
@@ -192,11 +214,12 @@ fn measure(env: &Env, plan: &Plan, results: &mut JavaBench) -> anyhow::Result<()
     Ok(())
 }
 
-/// The agent's BPF ns per run while it samples the deep-stacks C workload.
+/// The agent's BPF ns per run while it samples the deep-stacks C workload
+/// (measured as on the JVM: after it attached, over most of a window).
 fn native_ns(env: &Env, plan: &Plan) -> anyhow::Result<f64> {
     let seconds = plan.window.as_secs_f64();
     let mut workload = Command::new(env.bins.join("deepstacks"))
-        .arg(format!("{seconds}"))
+        .arg(format!("{}", seconds + WARMUP.as_secs_f64() + 2.0))
         .stdout(Stdio::null())
         .spawn()
         .context("starting deepstacks")?;
@@ -205,9 +228,11 @@ fn native_ns(env: &Env, plan: &Plan) -> anyhow::Result<f64> {
     let agent = start_agent(env, plan.hz, &output, &log, Some(workload.id()), &[])?;
     let agent_pid = agent.pid().context("the agent's pid")?;
     let before = perf_event_counters(agent_pid, None)?.unwrap_or_default();
-    workload.wait()?;
+    std::thread::sleep(std::time::Duration::from_secs_f64(seconds * 0.8));
     let after: BpfCounters = perf_event_counters(agent_pid, None)?.unwrap_or_default();
     agent.stop()?;
+    let _ = workload.kill();
+    let _ = workload.wait();
     after
         .since(before)
         .ns_per_run()
