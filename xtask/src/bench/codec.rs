@@ -72,6 +72,37 @@ pub fn symbolize(env: &Env, plan: &Plan) -> anyhow::Result<Vec<SymbolizeRow>> {
     Ok(rows)
 }
 
+/// The agent's Go symbolizer (the pclntab, inlined calls expanded) against
+/// Go's own `debug/gosym` (`PCToLine`, no inlining) on the same addresses
+/// of the Go service workload, one invocation each, parsing included.
+pub fn go_symbolize(env: &Env, plan: &Plan) -> anyhow::Result<SymbolizeRow> {
+    let binary = env.bins.join("goservice");
+    eprintln!("bench: symbolization, a Go binary against debug/gosym");
+    let functions = function_symbols(&binary)?;
+    let addresses = pick_addresses(&functions, plan.addresses);
+    let time_agent = |addrs: &[u64]| -> anyhow::Result<f64> {
+        let mut c = Command::new(&env.agent);
+        c.args(["symbolize", "--binary"]).arg(&binary);
+        c.args(addrs.iter().map(|a| format!("{a:#x}")));
+        timed(&mut c, None, "profiler-agent symbolize")
+    };
+    let time_gosym = |addrs: &[u64]| -> anyhow::Result<f64> {
+        let input: String = addrs.iter().map(|a| format!("{a:#x}\n")).collect();
+        let mut c = Command::new(env.bins.join("gosym"));
+        c.arg(&binary);
+        timed(&mut c, Some(input), "gosym (debug/gosym)")
+    };
+    Ok(SymbolizeRow {
+        binary: "Go service (Go 1.19) vs `debug/gosym`".into(),
+        functions: functions.len(),
+        addresses: addresses.len(),
+        agent_one: time_agent(&addresses[..1])?,
+        agent_all: time_agent(&addresses)?,
+        addr2line_one: time_gosym(&addresses[..1])?,
+        addr2line_all: time_gosym(&addresses)?,
+    })
+}
+
 /// (start, size) of every sized function symbol.
 pub(super) fn function_symbols(binary: &Path) -> anyhow::Result<Vec<(u64, u64)>> {
     let output = Command::new("nm")

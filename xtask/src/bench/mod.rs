@@ -200,6 +200,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
             codec::symbolize(&env, &plan).map(|r| results.symbolize = r),
         );
         attempt(
+            "Go symbolization",
+            codec::go_symbolize(&env, &plan).map(|r| results.go_symbolize = Some(r)),
+        );
+        attempt(
             "encoding",
             codec::encoding(&env, &plan).map(|r| results.encoding = Some(r)),
         );

@@ -21,6 +21,8 @@ pub struct Results {
     pub stacks: Vec<GrowthRow>,
     pub cpus: Vec<GrowthRow>,
     pub symbolize: Vec<SymbolizeRow>,
+    /// The Go symbolizer against `debug/gosym` (its baseline columns).
+    pub go_symbolize: Option<SymbolizeRow>,
     pub encoding: Option<EncodingRow>,
     pub continuous: Continuous,
     pub unwinding: super::unwinding::Unwinding,
@@ -245,10 +247,28 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
             s.addr2line_one
         );
     }
-    let _ = writeln!(
-        md,
-        "| Go binary vs `debug/gosym` | – | – | not yet | – | – | – |\n"
-    );
+    match &r.go_symbolize {
+        Some(s) => {
+            let _ = writeln!(
+                md,
+                "| {} (baseline columns: Go's `debug/gosym` `PCToLine`, which expands no \
+                 inlined calls) | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} |\n",
+                s.binary,
+                s.functions,
+                s.addresses,
+                s.addresses as f64 / s.agent_all,
+                s.addresses as f64 / s.addr2line_all,
+                s.agent_one,
+                s.addr2line_one
+            );
+        }
+        None => {
+            let _ = writeln!(
+                md,
+                "| Go binary vs `debug/gosym` | not measured (see failed scenarios) | | | | | |\n"
+            );
+        }
+    }
     stripped_section(&mut md, &r.stripped);
     if let Some(e) = &r.encoding {
         let _ = writeln!(

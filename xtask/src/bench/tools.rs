@@ -137,7 +137,7 @@ pub fn build_workloads(root: &Path, bins: &Path) -> anyhow::Result<()> {
     .context("building burst-nofp (apt install gcc)")?;
     // Debian's Go 1.19, as the issue asks; GOTOOLCHAIN=local keeps newer
     // go commands from fetching a toolchain.
-    for name in ["goservice", "goserver", "goheap"] {
+    for name in ["goservice", "goserver", "goheap", "gosym"] {
         run(Command::new("/usr/bin/go")
             .args(["build", "-o"])
             .arg(bins.join(name))
