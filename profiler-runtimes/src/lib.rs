@@ -31,6 +31,7 @@ pub mod loading;
 pub mod memory;
 pub mod objects;
 pub mod python;
+pub mod worker;
 
 use aya::Ebpf;
 use aya::maps::HashMap as BpfHashMap;

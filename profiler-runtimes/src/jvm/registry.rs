@@ -8,9 +8,7 @@
 //! log line and counted, and its samples stay native.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -22,6 +20,7 @@ use super::layout::{self, JvmLayout, LayoutError};
 use super::vmstructs::{SYMBOLS, VmStructs};
 use crate::memory::ProcessMemory;
 use crate::objects::{ObjectMapping, load_bias, mappings_of, segments_of};
+use crate::worker::{Handler, Worker};
 
 /// Tries for a JVM whose VM is not up yet.
 const MAX_ATTEMPTS: u32 = 20;
@@ -51,23 +50,20 @@ pub struct JvmStats {
 enum Command {
     Register(u32, Vec<ObjectMapping>),
     Unregister(u32),
-    Flush(mpsc::Sender<()>),
 }
 
 /// See the module's documentation.
 pub struct JvmRegistry {
-    sender: Option<mpsc::Sender<Command>>,
+    worker: Worker<Command>,
     stats: Arc<Mutex<JvmStats>>,
     processes: JvmProcesses,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl JvmRegistry {
     pub fn spawn(process_map: BpfHashMap<MapData, u32, JvmProcess>) -> std::io::Result<Self> {
-        let (sender, receiver) = mpsc::channel();
         let stats = Arc::new(Mutex::new(JvmStats::default()));
         let processes: JvmProcesses = Arc::default();
-        let mut state = State {
+        let state = State {
             process_map,
             objects: HashMap::new(),
             pending: HashMap::new(),
@@ -75,48 +71,27 @@ impl JvmRegistry {
             stats: stats.clone(),
             processes: processes.clone(),
         };
-        let thread = std::thread::Builder::new()
-            .name("jvm".into())
-            .spawn(move || {
-                loop {
-                    match receiver.recv_timeout(RETRY) {
-                        Ok(command) => state.handle(command),
-                        Err(RecvTimeoutError::Timeout) => {}
-                        Err(RecvTimeoutError::Disconnected) => break,
-                    }
-                    state.retry_due();
-                }
-            })?;
         Ok(JvmRegistry {
-            sender: Some(sender),
+            worker: Worker::spawn("jvm", state)?,
             stats,
             processes,
-            thread: Some(thread),
         })
     }
 
     /// Reads `process`'s Java frames from now on, if it runs HotSpot.
     /// Returns at once.
     pub fn register(&self, process: &Process) {
-        if let Some(sender) = &self.sender {
-            let _ = sender.send(Command::Register(process.pid, mappings_of(process)));
-        }
+        self.worker
+            .send(Command::Register(process.pid, mappings_of(process)));
     }
 
     pub fn unregister(&self, pid: u32) {
-        if let Some(sender) = &self.sender {
-            let _ = sender.send(Command::Unregister(pid));
-        }
+        self.worker.send(Command::Unregister(pid));
     }
 
     /// Waits until every command sent so far is done.
     pub fn flush(&self) {
-        let (done, wait) = mpsc::channel();
-        if let Some(sender) = &self.sender
-            && sender.send(Command::Flush(done)).is_ok()
-        {
-            let _ = wait.recv();
-        }
+        self.worker.flush();
     }
 
     pub fn stats(&self) -> JvmStats {
@@ -125,15 +100,6 @@ impl JvmRegistry {
 
     pub fn processes(&self) -> JvmProcesses {
         self.processes.clone()
-    }
-}
-
-impl Drop for JvmRegistry {
-    fn drop(&mut self) {
-        self.sender = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -155,7 +121,16 @@ struct State {
     processes: JvmProcesses,
 }
 
-impl State {
+impl Handler for State {
+    type Command = Command;
+
+    /// JVMs still starting are tried again this often.
+    const IDLE: Option<Duration> = Some(RETRY);
+
+    fn idle(&mut self) {
+        self.retry_due();
+    }
+
     fn handle(&mut self, command: Command) {
         match command {
             Command::Register(pid, mappings) => {
@@ -183,12 +158,11 @@ impl State {
                     processes.remove(&pid);
                 }
             }
-            Command::Flush(done) => {
-                let _ = done.send(());
-            }
         }
     }
+}
 
+impl State {
     /// Registers `pid`, or schedules another try while its VM starts.
     fn attempt(&mut self, pid: u32, mapping: ObjectMapping, object: JvmObject, attempts: u32) {
         match self.register(pid, &mapping, &object) {

@@ -8,9 +8,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::runtimes::python::{PyProcess, PyThread};
@@ -22,6 +20,7 @@ use super::layout::{Layout, LayoutSource};
 use super::threads;
 use crate::memory::ProcessMemory;
 use crate::objects::{ObjectMapping, load_bias, mappings_of, segments_of};
+use crate::worker::{Handler, Worker};
 
 /// One registered CPython process.
 #[derive(Debug, Clone)]
@@ -54,7 +53,6 @@ enum Command {
     Register(u32, Vec<ObjectMapping>),
     Refresh(u32),
     Unregister(u32),
-    Flush(mpsc::Sender<()>),
 }
 
 /// Registered processes, for the symbolizer.
@@ -62,10 +60,9 @@ pub type PythonProcesses = Arc<RwLock<HashMap<u32, Arc<PythonProcess>>>>;
 
 /// See the module's documentation.
 pub struct PythonRegistry {
-    sender: Option<mpsc::Sender<Command>>,
+    worker: Worker<Command>,
     stats: Arc<Mutex<PythonStats>>,
     processes: PythonProcesses,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl PythonRegistry {
@@ -73,10 +70,9 @@ impl PythonRegistry {
         process_map: BpfHashMap<MapData, u32, PyProcess>,
         thread_map: BpfHashMap<MapData, u64, PyThread>,
     ) -> std::io::Result<Self> {
-        let (sender, receiver) = mpsc::channel();
         let stats = Arc::new(Mutex::new(PythonStats::default()));
         let processes: PythonProcesses = Arc::default();
-        let mut state = State {
+        let state = State {
             process_map,
             thread_map,
             objects: HashMap::new(),
@@ -84,53 +80,34 @@ impl PythonRegistry {
             stats: stats.clone(),
             processes: processes.clone(),
         };
-        let thread = std::thread::Builder::new()
-            .name("python".into())
-            .spawn(move || {
-                while let Ok(command) = receiver.recv() {
-                    state.handle(command);
-                }
-            })?;
         Ok(PythonRegistry {
-            sender: Some(sender),
+            worker: Worker::spawn("python", state)?,
             stats,
             processes,
-            thread: Some(thread),
         })
     }
 
     /// Reads `process`'s Python frames from now on, if it runs CPython.
     /// Returns at once.
     pub fn register(&self, process: &Process) {
-        let mappings = mappings_of(process);
-        if let Some(sender) = &self.sender {
-            let _ = sender.send(Command::Register(process.pid, mappings));
-        }
+        self.worker
+            .send(Command::Register(process.pid, mappings_of(process)));
     }
 
     /// Reads `pid`'s thread list again (a sample met a thread the walker
     /// did not know).
     pub fn refresh(&self, pid: u32) {
-        if let Some(sender) = &self.sender {
-            let _ = sender.send(Command::Refresh(pid));
-        }
+        self.worker.send(Command::Refresh(pid));
     }
 
     /// Forgets `pid` (it exited).
     pub fn unregister(&self, pid: u32) {
-        if let Some(sender) = &self.sender {
-            let _ = sender.send(Command::Unregister(pid));
-        }
+        self.worker.send(Command::Unregister(pid));
     }
 
     /// Waits until every command sent so far is done.
     pub fn flush(&self) {
-        let (done, wait) = mpsc::channel();
-        if let Some(sender) = &self.sender
-            && sender.send(Command::Flush(done)).is_ok()
-        {
-            let _ = wait.recv();
-        }
+        self.worker.flush();
     }
 
     pub fn stats(&self) -> PythonStats {
@@ -140,15 +117,6 @@ impl PythonRegistry {
     /// The registered processes (the symbolizer reads their code objects).
     pub fn processes(&self) -> PythonProcesses {
         self.processes.clone()
-    }
-}
-
-impl Drop for PythonRegistry {
-    fn drop(&mut self) {
-        self.sender = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -173,7 +141,9 @@ struct State {
     processes: PythonProcesses,
 }
 
-impl State {
+impl Handler for State {
+    type Command = Command;
+
     fn handle(&mut self, command: Command) {
         match command {
             Command::Register(pid, mappings) => {
@@ -210,12 +180,11 @@ impl State {
                     processes.remove(&pid);
                 }
             }
-            Command::Flush(done) => {
-                let _ = done.send(());
-            }
         }
     }
+}
 
+impl State {
     /// Finds, reads and checks the interpreter of `pid`; Ok(()) also when
     /// the process runs none.
     fn register(&mut self, pid: u32, mappings: &[ObjectMapping]) -> Result<(), String> {

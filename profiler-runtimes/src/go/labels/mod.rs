@@ -14,15 +14,15 @@ mod versions;
 pub use layout::{LabelStorage, LayoutError, LayoutSource, Offsets, RuntimeLayout, read_layout};
 
 use std::collections::HashMap;
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::Sample;
 use profiler_common::runtimes::go::GoProcess;
 
 use profiler_symbolize::process::{ObjectFile, ObjectId, Process};
+
+use crate::worker::{Handler, Worker};
 
 /// What to do with Go labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -120,30 +120,28 @@ pub struct GoLabelStats {
 enum Command {
     Register(u32, Arc<ObjectFile>),
     Unregister(u32),
-    Flush(mpsc::Sender<()>),
 }
 
 /// The thread that reads Go binaries' layouts (DWARF of a large binary
 /// takes tens of milliseconds: never on the thread that drains samples)
 /// and writes them into the sampling program's `GO_PROCESSES` map.
 pub struct GoLabelRegistry {
-    sender: Option<mpsc::Sender<Command>>,
+    worker: Worker<Command>,
     stats: Arc<Mutex<GoLabelStats>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl GoLabelRegistry {
     pub fn spawn(map: BpfHashMap<MapData, u32, GoProcess>) -> std::io::Result<Self> {
-        let (sender, receiver) = mpsc::channel();
         let stats = Arc::new(Mutex::new(GoLabelStats::default()));
-        let shared = stats.clone();
-        let thread = std::thread::Builder::new()
-            .name("go-labels".into())
-            .spawn(move || run(map, receiver, shared))?;
+        let state = LabelState {
+            map,
+            layouts: HashMap::new(),
+            registered: Default::default(),
+            stats: stats.clone(),
+        };
         Ok(GoLabelRegistry {
-            sender: Some(sender),
+            worker: Worker::spawn("go-labels", state)?,
             stats,
-            thread: Some(thread),
         })
     }
 
@@ -154,39 +152,23 @@ impl GoLabelRegistry {
             let object = m.object.as_ref()?;
             is_go_object(object).then(|| object.clone())
         });
-        if let (Some(object), Some(sender)) = (go, &self.sender) {
-            let _ = sender.send(Command::Register(process.pid, object));
+        if let Some(object) = go {
+            self.worker.send(Command::Register(process.pid, object));
         }
     }
 
     /// Forgets `pid` (it exited).
     pub fn unregister(&self, pid: u32) {
-        if let Some(sender) = &self.sender {
-            let _ = sender.send(Command::Unregister(pid));
-        }
+        self.worker.send(Command::Unregister(pid));
     }
 
     /// Waits until every registration sent so far is done.
     pub fn flush(&self) {
-        let (done, wait) = mpsc::channel();
-        if let Some(sender) = &self.sender
-            && sender.send(Command::Flush(done)).is_ok()
-        {
-            let _ = wait.recv();
-        }
+        self.worker.flush();
     }
 
     pub fn stats(&self) -> GoLabelStats {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
-    }
-}
-
-impl Drop for GoLabelRegistry {
-    fn drop(&mut self) {
-        self.sender = None;
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 
@@ -195,34 +177,37 @@ fn is_go_object(object: &ObjectFile) -> bool {
     object.file.as_ref().is_ok_and(super::is_go_binary)
 }
 
-fn run(
-    mut map: BpfHashMap<MapData, u32, GoProcess>,
-    commands: mpsc::Receiver<Command>,
+/// The registry thread's state: each Go binary's layout, read once.
+struct LabelState {
+    map: BpfHashMap<MapData, u32, GoProcess>,
+    layouts: HashMap<ObjectId, Option<GoProcess>>,
+    registered: std::collections::HashSet<u32>,
     stats: Arc<Mutex<GoLabelStats>>,
-) {
-    let mut layouts: HashMap<ObjectId, Option<GoProcess>> = HashMap::new();
-    let mut registered: std::collections::HashSet<u32> = Default::default();
-    while let Ok(command) = commands.recv() {
+}
+
+impl Handler for LabelState {
+    type Command = Command;
+
+    fn handle(&mut self, command: Command) {
         match command {
             Command::Register(pid, object) => {
-                let layout = layouts
+                let stats = &self.stats;
+                let layout = self
+                    .layouts
                     .entry(object.id)
-                    .or_insert_with(|| read_object(&object, &stats));
+                    .or_insert_with(|| read_object(&object, stats));
                 if let Some(layout) = layout
-                    && map.insert(pid, *layout, 0).is_ok()
-                    && registered.insert(pid)
-                    && let Ok(mut stats) = stats.lock()
+                    && self.map.insert(pid, *layout, 0).is_ok()
+                    && self.registered.insert(pid)
+                    && let Ok(mut stats) = self.stats.lock()
                 {
                     stats.processes += 1;
                 }
             }
             Command::Unregister(pid) => {
-                if registered.remove(&pid) {
-                    let _ = map.remove(&pid);
+                if self.registered.remove(&pid) {
+                    let _ = self.map.remove(&pid);
                 }
-            }
-            Command::Flush(done) => {
-                let _ = done.send(());
             }
         }
     }
