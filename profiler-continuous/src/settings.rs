@@ -20,6 +20,8 @@ use std::sync::OnceLock;
 
 use serde_json::{Map, Value};
 
+use std::path::{Path, PathBuf};
+
 use crate::config::{Config, ConfigError};
 
 /// The prefix of every setting's environment variable.
@@ -252,6 +254,48 @@ fn help_of(property: &Value, resolved: &Value) -> String {
     help
 }
 
+/// The file at `path` (or the defaults without one), the values given
+/// by flag or environment variable laid over it (`settings`), then
+/// validation.
+pub fn load(path: Option<&Path>, given: &[(&Setting, Vec<String>)]) -> Result<Config, ConfigError> {
+    let (mut table, source) = match path {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            let table: toml::Table = toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
+            (table, path.to_path_buf())
+        }
+        None => (toml::Table::new(), PathBuf::from("(no config file)")),
+    };
+    for (setting, values) in given {
+        apply(&mut table, setting, values)?;
+    }
+    let config: Config = table.try_into().map_err(|e: toml::de::Error| {
+        // Name the flag or variable when the bad value came from one.
+        let flagged = given.iter().find_map(|(setting, values)| {
+            let mut alone = toml::Table::new();
+            apply(&mut alone, setting, values).ok()?;
+            let error = toml::Value::Table(alone).try_into::<Config>().err()?;
+            Some(ConfigError::Flag {
+                flag: setting.flag.clone(),
+                env: setting.env.clone(),
+                message: error.to_string().replace('\n', " "),
+            })
+        });
+        flagged.unwrap_or(ConfigError::Parse {
+            path: source,
+            message: e.to_string(),
+        })
+    })?;
+    config.validate()?;
+    Ok(config)
+}
+
 /// Lays `values`, given for `setting` by a flag or its variable, over the
 /// file's `table`, typed as the setting's kind.
 pub fn apply(
@@ -322,6 +366,34 @@ fn scalar(kind: &Kind, text: &str) -> Result<toml::Value, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn flags_and_variables_replace_file_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "window = \"30s\"\n[directory]\npath = \"/a\"\n").unwrap();
+        let given = [
+            (by_flag("window").unwrap(), vec!["5s".to_string()]),
+            (by_flag("directory-path").unwrap(), vec!["/b".to_string()]),
+            (
+                by_flag("pyroscope-url").unwrap(),
+                vec!["http://127.0.0.1:4040".to_string()],
+            ),
+        ];
+        let config = load(Some(&file), &given).unwrap();
+        assert_eq!(config.window, Duration::from_secs(5));
+        assert_eq!(config.directory.path, PathBuf::from("/b"));
+        assert_eq!(config.pyroscope.url, "http://127.0.0.1:4040");
+        // What the file set and nobody overrode stays; the rest is default.
+        let config = load(Some(&file), &[]).unwrap();
+        assert_eq!(config.window, Duration::from_secs(30));
+        assert_eq!(config.frequency_hz, 100);
+        // A value a flag gives is checked as the file's would be.
+        let bad = [(by_flag("window").unwrap(), vec!["soon".to_string()])];
+        let error = load(None, &bad).unwrap_err().to_string();
+        assert!(error.contains("soon"), "{error}");
+    }
 
     #[test]
     fn every_key_has_a_flag_a_variable_and_help() {

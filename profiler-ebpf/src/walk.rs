@@ -64,7 +64,7 @@ pub(crate) struct WalkState {
     /// The process's layout, copied once per walk.
     pub(crate) py: PyProcess,
     /// The frame being read.
-    pub(crate) py_window: [u8; crate::runtimes::python::WINDOW_BYTES],
+    pub(crate) py_window: [u8; profiler_common::runtimes::python::FRAME_WINDOW],
     /// HotSpot (`runtimes::hotspot`): `JVM_UNSTARTED`, `JVM_ON`, `JVM_OFF`.
     pub(crate) jvm_state: u32,
     pub(crate) _jvm_pad: u32,

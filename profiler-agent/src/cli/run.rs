@@ -10,7 +10,7 @@ use anyhow::Context;
 use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 
 use profiler_continuous::settings::{self, Kind, Setting};
-use profiler_continuous::{Agent, Config, LogFormat};
+use profiler_continuous::{Agent, LogFormat};
 use profiler_export::Metrics;
 use profiler_sampling::sampler::check_privileges;
 
@@ -91,7 +91,7 @@ impl FromArgMatches for RunArgs {
 }
 
 pub fn run(args: &RunArgs) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref(), &args.given)?;
+    let config = settings::load(args.config.as_deref(), &args.given)?;
     // The process-wide subscriber is already set (warn, text); this
     // command's threads log through their own, at info, in the chosen
     // format.

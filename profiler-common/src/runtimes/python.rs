@@ -84,6 +84,12 @@ pub struct PyThread {
     pub _pad: u32,
 }
 
+/// Bytes of a frame the BPF walker reads at once, into its per-CPU walk
+/// state: every field it needs lies below (3.10's `f_lasti` at 96 is the
+/// farthest; `_PyInterpreterFrame` is 80 to 88 bytes and is followed by
+/// its locals).
+pub const FRAME_WINDOW: usize = 112;
+
 /// Marks a user-stack word as the first of a runtime frame's two words
 /// (not a code address: user addresses never reach bit 62). Bits 56-61
 /// say which runtime (`RUNTIME_*`); the low 56 bits hold the runtime's

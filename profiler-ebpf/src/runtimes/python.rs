@@ -18,9 +18,9 @@ use aya_ebpf::{
     maps::HashMap,
 };
 use profiler_common::runtimes::python::{
-    MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_CUT_READ_FAULT, PY_CUT_TOO_DEEP,
-    PY_FRAME_TAG, PY_LAYOUT_310, PY_LAYOUT_311, PY_LAYOUT_312, PyProcess, PyThread,
-    RUNTIME_PAYLOAD_MASK,
+    FRAME_WINDOW, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_CUT_READ_FAULT,
+    PY_CUT_TOO_DEEP, PY_FRAME_TAG, PY_LAYOUT_310, PY_LAYOUT_311, PY_LAYOUT_312, PyProcess,
+    PyThread, RUNTIME_PAYLOAD_MASK,
 };
 use profiler_common::{Counter, Sample};
 
@@ -46,10 +46,8 @@ pub(crate) const PY_STARTED: u32 = 1;
 /// thread, or the chain was cut): eval loops stay native frames.
 pub(crate) const PY_OFF: u32 = 2;
 
-/// Bytes of a frame read at once: every field the walker needs lies below
-/// (3.10's `f_lasti` at 96 is the farthest; `_PyInterpreterFrame` is 80
-/// to 88 bytes and is followed by its locals).
-const WINDOW: usize = 112;
+/// Bytes of a frame read at once ([`FRAME_WINDOW`]).
+const WINDOW: usize = FRAME_WINDOW;
 
 /// Starts the Python frames of an eval loop activation. False when there
 /// are none to write (the walker then records the eval loop natively).
@@ -213,6 +211,3 @@ fn byte(window: &[u8; WINDOW], offset: u16) -> u8 {
 fn plausible(address: u64) -> bool {
     address != 0 && address < machine::USER_LIMIT && address & 7 == 0
 }
-
-/// The size of the window, for the walk state.
-pub(crate) const WINDOW_BYTES: usize = WINDOW;
