@@ -25,7 +25,7 @@ use crate::heaps::GoHeaps;
 use profiler_export::{Batch, ExporterHandle, Metrics, ServiceProfile};
 use profiler_profile::{Profile, ProfileKind};
 use profiler_sampling::record::{
-    ProfileWindow, Recorder, Recording, StackCounts, StackKey, Window, build_profile_of,
+    ProfileWindow, Recorder, Recording, Stacks, Window, build_profile_of,
 };
 use profiler_sampling::sampler::{KernelCounters, SamplingConfig, SamplingError};
 use profiler_symbolize::process::ProcessTable;
@@ -65,14 +65,14 @@ pub struct RunSummary {
 /// Counted stacks since `started`.
 struct Accumulator {
     started: SystemTime,
-    stacks: HashMap<StackKey, StackCounts>,
+    stacks: Stacks,
 }
 
 impl Accumulator {
     fn new() -> Self {
         Accumulator {
             started: SystemTime::now(),
-            stacks: HashMap::new(),
+            stacks: Stacks::default(),
         }
     }
 }
@@ -368,7 +368,7 @@ impl Agent {
         self.merge(window.stacks);
     }
 
-    fn merge(&mut self, stacks: HashMap<StackKey, StackCounts>) {
+    fn merge(&mut self, stacks: Stacks) {
         for (key, count) in stacks {
             if !self.meta.selected(key.pid, &self.selection) {
                 self.metrics
@@ -688,7 +688,7 @@ fn export_window(
     };
     let sampled: std::collections::HashSet<u32> =
         accumulator.stacks.keys().map(|k| k.pid).collect();
-    let mut groups: HashMap<String, HashMap<StackKey, StackCounts>> = HashMap::new();
+    let mut groups: HashMap<String, Stacks> = HashMap::new();
     for (key, count) in accumulator.stacks {
         let service = meta.service(key.pid);
         groups.entry(service).or_default().insert(key, count);
@@ -847,7 +847,7 @@ fn probe_profiles(
     };
     let mut profiles = Vec::new();
     for (index, probe, stacks) in probes.take_stack_windows() {
-        let mut groups: HashMap<String, HashMap<StackKey, StackCounts>> = HashMap::new();
+        let mut groups: HashMap<String, Stacks> = HashMap::new();
         for (key, count) in stacks {
             groups
                 .entry(meta.service(key.pid))

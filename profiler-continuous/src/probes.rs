@@ -11,7 +11,6 @@
 //! A probe that cannot be attached (binary missing on this node, a typo)
 //! is logged with the reason and left out; the rest of the agent runs.
 
-use std::collections::HashMap;
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 
@@ -24,7 +23,7 @@ use profiler_latency::render::prometheus_report;
 use profiler_latency::{KeyBy, LatencyOptions, Measure, Plan, Session, plan};
 use profiler_probes::spec::ProbeSpec;
 use profiler_profile::Profile;
-use profiler_sampling::record::{ProfileWindow, StackCounts, StackKey};
+use profiler_sampling::record::{ProfileWindow, Stacks};
 
 /// One `[[probes]]` entry.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -354,7 +353,7 @@ impl ProbeHistograms {
 
     /// The window's operations by start stack, per probe with `stacks`:
     /// (probe index, probe name, stacks).
-    pub fn take_stack_windows(&mut self) -> Vec<(usize, String, HashMap<StackKey, StackCounts>)> {
+    pub fn take_stack_windows(&mut self) -> Vec<(usize, String, Stacks)> {
         self.attached
             .iter_mut()
             .enumerate()
@@ -369,7 +368,7 @@ impl ProbeHistograms {
     pub fn build_stack_profile(
         &mut self,
         index: usize,
-        stacks: &HashMap<StackKey, StackCounts>,
+        stacks: &Stacks,
         window: &ProfileWindow,
     ) -> Option<Profile> {
         let probe = self.attached.get_mut(index)?;

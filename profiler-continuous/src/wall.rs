@@ -18,16 +18,16 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use profiler_profile::ProfileKind;
-use profiler_sampling::record::{StackCounts, StackKey};
+use profiler_sampling::record::{StackCounts, Stacks};
 
 /// The stacks a profile of `kind` shows, out of a window's (or a pull's)
 /// `stacks`, which last `elapsed` sampled at `frequency_hz`.
 pub fn stacks_for(
     kind: ProfileKind,
-    mut stacks: HashMap<StackKey, StackCounts>,
+    mut stacks: Stacks,
     elapsed: Duration,
     frequency_hz: u64,
-) -> HashMap<StackKey, StackCounts> {
+) -> Stacks {
     match kind {
         // Off-CPU time recorded only for the wall view stays out of the
         // CPU profile.
@@ -45,11 +45,7 @@ pub fn stacks_for(
 
 /// Caps each thread's off-CPU time at the window's length less its CPU
 /// time (see the module's comment), scaling its off-CPU stacks alike.
-fn cap_to_window(
-    stacks: &mut HashMap<StackKey, StackCounts>,
-    elapsed: Duration,
-    frequency_hz: u64,
-) {
+fn cap_to_window(stacks: &mut Stacks, elapsed: Duration, frequency_hz: u64) {
     let period_ns = 1_000_000_000 / frequency_hz.max(1);
     let window_ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
     // (CPU, off-CPU) nanoseconds per thread.
@@ -75,6 +71,7 @@ fn cap_to_window(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profiler_sampling::record::StackKey;
 
     fn key(tid: u32, leaf: u64) -> StackKey {
         StackKey {
@@ -99,7 +96,7 @@ mod tests {
 
     #[test]
     fn the_cpu_profile_leaves_off_cpu_time_out() {
-        let stacks = HashMap::from([
+        let stacks = Stacks::from_iter([
             (key(1, 1), counts(3, 5 * MS, 0)),
             (key(1, 2), counts(0, 9 * MS, MS)),
         ]);
@@ -109,7 +106,7 @@ mod tests {
             Duration::from_secs(1),
             100,
         );
-        assert_eq!(cpu, HashMap::from([(key(1, 1), counts(3, 0, 0))]));
+        assert_eq!(cpu, Stacks::from_iter([(key(1, 1), counts(3, 0, 0))]));
         // With the off-CPU sample type, everything stays.
         let off = stacks_for(
             ProfileKind::OffCpu,
@@ -127,7 +124,7 @@ mod tests {
         // wait of 5 s that began windows ago, 4 s blocked then 1 s in the
         // run queue, plus 600 ms of short waits on another stack: its
         // off-CPU stacks share the 800 ms the CPU left, 5000:600.
-        let stacks = HashMap::from([
+        let stacks = Stacks::from_iter([
             (key(1, 1), counts(30, 0, 0)),
             (key(1, 2), counts(0, 300 * MS, 100 * MS)),
             (key(2, 1), counts(20, 0, 0)),
@@ -152,11 +149,11 @@ mod tests {
     fn a_thread_on_the_cpu_all_window_keeps_its_samples_and_no_wait() {
         // CPU samples are what the clock saw: never scaled. A wait next to
         // a whole window of them has no room left and goes.
-        let stacks = HashMap::from([
+        let stacks = Stacks::from_iter([
             (key(1, 1), counts(100, 0, 0)),
             (key(1, 2), counts(0, 20 * MS, 0)),
         ]);
         let wall = stacks_for(ProfileKind::Wall, stacks, Duration::from_secs(1), 100);
-        assert_eq!(wall, HashMap::from([(key(1, 1), counts(100, 0, 0))]));
+        assert_eq!(wall, Stacks::from_iter([(key(1, 1), counts(100, 0, 0))]));
     }
 }

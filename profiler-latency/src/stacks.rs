@@ -25,7 +25,7 @@ use profiler_common::latency::{ProbeStack, StackId, StackTotals};
 use super::errors::SessionError;
 use super::plan::Plan;
 use profiler_profile::{Profile, ProfileKind};
-use profiler_sampling::record::{ProfileWindow, StackCounts, StackKey, build_profile_of};
+use profiler_sampling::record::{ProfileWindow, StackCounts, StackKey, Stacks, build_profile_of};
 use profiler_sampling::tables::{TableStore, UnwindArrays, UnwindTables};
 use profiler_symbolize::Symbolizer;
 use profiler_symbolize::process::ProcessTable;
@@ -158,7 +158,7 @@ impl ProbeStacks {
     /// their total latency.
     pub fn profile(&mut self) -> Profile {
         let totals = self.per_stack_totals();
-        let mut stacks: HashMap<StackKey, StackCounts> = HashMap::new();
+        let mut stacks = Stacks::default();
         for (id, user) in self.frames() {
             if let Some(&(count, sum_ns)) = totals.get(&id).filter(|t| t.0 > 0) {
                 // Seen only now (it exited before a scan found it): named
@@ -181,10 +181,10 @@ impl ProbeStacks {
     /// an operation for `IDLE_WINDOWS` windows (an operation still running
     /// on such a stack is lost when it ends) and totals whose stack is
     /// gone. Call `forget_exited` once the window's profiles are built.
-    pub fn take_window(&mut self) -> HashMap<StackKey, StackCounts> {
+    pub fn take_window(&mut self) -> Stacks {
         let totals = self.per_stack_totals();
         let frames = self.frames();
-        let mut stacks: HashMap<StackKey, StackCounts> = HashMap::new();
+        let mut stacks = Stacks::default();
         for (&id, user) in &frames {
             let (count, sum_ns) = totals.get(&id).copied().unwrap_or((0, 0));
             let before = self.reported.entry(id).or_default();
@@ -225,11 +225,7 @@ impl ProbeStacks {
     }
 
     /// A profile of (some of) a window's stacks.
-    pub fn build(
-        &mut self,
-        stacks: &HashMap<StackKey, StackCounts>,
-        window: &ProfileWindow,
-    ) -> Profile {
+    pub fn build(&mut self, stacks: &Stacks, window: &ProfileWindow) -> Profile {
         // No Python process is registered with the probes' walker: its
         // stacks hold native frames only.
         let mut runtime_frames = profiler_runtimes::RuntimeFrames::default();
@@ -304,13 +300,7 @@ fn without_thread_labels(profile: &mut Profile) {
     }
 }
 
-fn add(
-    stacks: &mut HashMap<StackKey, StackCounts>,
-    id: StackId,
-    user: Box<[u64]>,
-    count: u64,
-    sum_ns: u64,
-) {
+fn add(stacks: &mut Stacks, id: StackId, user: Box<[u64]>, count: u64, sum_ns: u64) {
     // No thread: see `without_thread_labels`.
     let key = StackKey {
         pid: id.tgid,

@@ -1,6 +1,7 @@
 //! `profiler-agent symbolize`: addresses → frames, through the same
 //! symbolizer the profiler uses.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -139,6 +140,9 @@ fn symbolize(
 fn print(args: &SymbolizeArgs, results: &[(u64, Symbolized)]) -> anyhow::Result<()> {
     match args.format {
         OutputFormat::Text => {
+            // One buffered writer: a line-buffered stdout costs a write
+            // per frame, more than symbolizing it.
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
             for (address, symbolized) in results {
                 for frame in &symbolized.frames {
                     let location = match (&frame.file, frame.line) {
@@ -147,9 +151,10 @@ fn print(args: &SymbolizeArgs, results: &[(u64, Symbolized)]) -> anyhow::Result<
                         _ => "??:?".to_string(),
                     };
                     let inlined = if frame.inlined { " (inlined)" } else { "" };
-                    println!("{address:#x} {} {location}{inlined}", frame.function);
+                    writeln!(out, "{address:#x} {} {location}{inlined}", frame.function)?;
                 }
             }
+            out.flush()?;
         }
         OutputFormat::Json => {
             let json: Vec<AddressFrames> = results

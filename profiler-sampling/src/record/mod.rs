@@ -27,6 +27,13 @@ use profiler_runtimes::{RuntimeFrames, RuntimeRegistry, RuntimeStats};
 use profiler_symbolize::Symbolizer;
 use profiler_symbolize::process::ProcessTable;
 
+/// The distinct stacks of a recording or window, with what each counted.
+/// A hashbrown map with foldhash rather than std's SipHash map: at
+/// thousands of samples a second the table is the agent's hottest code,
+/// and a sample of a stack seen before is looked up by a borrowed view of
+/// its record ([`StackRef`]), without allocating a key.
+pub type Stacks = hashbrown::HashMap<StackKey, StackCounts>;
+
 /// One distinct stack of one thread.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct StackKey {
@@ -41,6 +48,43 @@ pub struct StackKey {
     /// The goroutine's pprof labels (and id, when asked for), sorted by
     /// key; empty outside Go.
     pub labels: Box<[(String, String)]>,
+}
+
+/// A [`StackKey`] borrowed from a sample's record. Its fields are the
+/// key's, in the key's order and with the same `Hash` (a boxed slice
+/// hashes as the slice), so both hash alike and a lookup finds the key.
+#[derive(Hash)]
+struct StackRef<'a> {
+    pid: u32,
+    tid: u32,
+    thread: [u8; 16],
+    user: &'a [u64],
+    kernel: &'a [u64],
+    labels: &'a [(String, String)],
+}
+
+impl hashbrown::Equivalent<StackKey> for StackRef<'_> {
+    fn equivalent(&self, key: &StackKey) -> bool {
+        self.pid == key.pid
+            && self.tid == key.tid
+            && self.thread == key.thread
+            && self.user == &*key.user
+            && self.kernel == &*key.kernel
+            && self.labels == &*key.labels
+    }
+}
+
+impl StackRef<'_> {
+    fn to_key(&self) -> StackKey {
+        StackKey {
+            pid: self.pid,
+            tid: self.tid,
+            thread: self.thread,
+            user: self.user.into(),
+            kernel: self.kernel.into(),
+            labels: self.labels.into(),
+        }
+    }
 }
 
 impl StackKey {
@@ -123,7 +167,7 @@ impl std::ops::Add for OffCpuTotals {
 
 /// Everything a run collected.
 pub struct Recording {
-    pub stacks: HashMap<StackKey, StackCounts>,
+    pub stacks: Stacks,
     /// What the profile built from it shows.
     pub kind: ProfileKind,
     pub off_cpu: OffCpuTotals,
@@ -201,7 +245,7 @@ impl Recording {
 
 /// The stacks of one window of a continuous run.
 pub struct Window {
-    pub stacks: HashMap<StackKey, StackCounts>,
+    pub stacks: Stacks,
     pub profile: ProfileWindow,
 }
 
@@ -276,7 +320,7 @@ impl Recorder {
             runtimes,
             thread_refreshes: HashMap::new(),
             recording: Recording {
-                stacks: HashMap::new(),
+                stacks: Stacks::default(),
                 kind: ProfileWindow::kind_for(config),
                 off_cpu: OffCpuTotals::default(),
                 processes,
@@ -519,31 +563,60 @@ fn aggregate(
         runtimes.register(process);
     }
     let labels = match &recording.go_labels {
-        Some(config) => profiler_runtimes::go::labels::labels_of(sample, config).into(),
-        None => Box::default(),
+        Some(config) => profiler_runtimes::go::labels::labels_of(sample, config),
+        None => Vec::new(),
     };
-    let key = StackKey {
+    let key = StackRef {
         pid: sample.pid,
         tid: sample.tid,
         thread: sample.comm,
-        user: user.into(),
-        kernel: sample.kernel_stack().into(),
-        labels,
+        user,
+        kernel: sample.kernel_stack(),
+        labels: &labels,
     };
-    match recording.stacks.entry(key) {
-        std::collections::hash_map::Entry::Occupied(mut entry) => *entry.get_mut() += counts,
-        std::collections::hash_map::Entry::Vacant(entry) => {
-            // A new stack: name its runtime frames while the process
-            // lives (a profile may be built after it exited).
-            recording.runtime_frames.observe(sample.pid, user);
-            entry.insert(counts);
-        }
+    if let Some(counted) = recording.stacks.get_mut(&key) {
+        *counted += counts;
+        return;
     }
+    // A new stack: name its runtime frames while the process lives (a
+    // profile may be built after it exited).
+    recording.runtime_frames.observe(sample.pid, user);
+    recording.stacks.insert(key.to_key(), counts);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A borrowed stack finds the key it was stored as: the two hash alike
+    /// (otherwise every sample would be a new stack), and a stack that
+    /// differs in any field is another.
+    #[test]
+    fn a_borrowed_stack_finds_its_key() {
+        let labels = vec![("endpoint".to_string(), "/a".to_string())];
+        let view = StackRef {
+            pid: 7,
+            tid: 8,
+            thread: *b"worker\0\0\0\0\0\0\0\0\0\0",
+            user: &[0x401000, 0x402000],
+            kernel: &[0xffff_ffff_8100_0000],
+            labels: &labels,
+        };
+        let mut stacks = Stacks::default();
+        stacks.insert(view.to_key(), StackCounts::samples(1));
+        *stacks.get_mut(&view).expect("found by its view") += StackCounts::samples(1);
+        assert_eq!(stacks.len(), 1);
+        assert_eq!(stacks[&view.to_key()].samples, 2);
+        let other_leaf = StackRef {
+            user: &[0x401001, 0x402000],
+            ..view
+        };
+        let no_labels = StackRef { labels: &[], ..view };
+        let other_thread = StackRef { tid: 9, ..view };
+        for other in [other_leaf, no_labels, other_thread] {
+            assert!(stacks.get(&other).is_none());
+        }
+    }
 
     fn off_cpu_record(off: u64, runq: u64, weight: u64) -> Box<Sample> {
         // SAFETY: Sample is plain integers (aya::Pod): zero is valid.
