@@ -43,7 +43,9 @@ pub fn agent_bin() -> PathBuf {
 
 /// Fails the test, with the reason, unless this process may load BPF.
 /// Under CI=true and everywhere else alike: a missing capability is a
-/// failure, never a silent pass.
+/// failure, never a silent pass. Also builds the agent (without
+/// `PROFILER_AGENT_BIN`) now, before the test starts its fixtures: a
+/// build started after them outlives a fixture that runs for seconds.
 pub fn require_bpf_privileges() {
     if let Err(reason) = profiler_sampling::sampler::check_privileges() {
         panic!(
@@ -52,6 +54,7 @@ pub fn require_bpf_privileges() {
             std::env::var("CI").unwrap_or_default()
         );
     }
+    agent_bin();
 }
 
 /// Runs the agent with `args`; returns its output (not checked).

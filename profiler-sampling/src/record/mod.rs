@@ -554,14 +554,6 @@ fn aggregate(
         }
         StackCounts::samples(1)
     };
-    if recording.processes.observe(sample.pid, user)
-        && let Some(process) = recording.processes.get(sample.pid)
-    {
-        if let Some(tables) = tables {
-            tables.register(process);
-        }
-        runtimes.register(process);
-    }
     let labels = match &recording.go_labels {
         Some(config) => profiler_runtimes::go::labels::labels_of(sample, config),
         None => Vec::new(),
@@ -574,14 +566,25 @@ fn aggregate(
         kernel: sample.kernel_stack(),
         labels: &labels,
     };
-    if let Some(counted) = recording.stacks.get_mut(&key) {
-        *counted += counts;
-        return;
+    let counted = recording.stacks.get_mut(&key);
+    let new = counted.is_none();
+    match counted {
+        Some(counted) => *counted += counts,
+        None => {
+            // A new stack: name its runtime frames while the process
+            // lives (a profile may be built after it exited).
+            recording.runtime_frames.observe(sample.pid, user);
+            recording.stacks.insert(key.to_key(), counts);
+        }
     }
-    // A new stack: name its runtime frames while the process lives (a
-    // profile may be built after it exited).
-    recording.runtime_frames.observe(sample.pid, user);
-    recording.stacks.insert(key.to_key(), counts);
+    if recording.processes.observe_stack(sample.pid, user, new)
+        && let Some(process) = recording.processes.get(sample.pid)
+    {
+        if let Some(tables) = tables {
+            tables.register(process);
+        }
+        runtimes.register(process);
+    }
 }
 
 #[cfg(test)]
@@ -611,7 +614,10 @@ mod tests {
             user: &[0x401001, 0x402000],
             ..view
         };
-        let no_labels = StackRef { labels: &[], ..view };
+        let no_labels = StackRef {
+            labels: &[],
+            ..view
+        };
         let other_thread = StackRef { tid: 9, ..view };
         for other in [other_leaf, no_labels, other_thread] {
             assert!(stacks.get(&other).is_none());

@@ -65,6 +65,13 @@ pub struct Process {
     /// executable mappings.
     pub jit: Option<Arc<JitMap>>,
     maps_read_at: Instant,
+    /// When a stack seen before last had its addresses checked against
+    /// the mappings (see [`ProcessTable::observe_stack`]).
+    maps_checked_at: Instant,
+    /// How long after `maps_read_at` the maps may be read again: doubled
+    /// by every re-read that found them unchanged, reset by one that did
+    /// not.
+    refresh_after: Duration,
 }
 
 impl Process {
@@ -78,6 +85,8 @@ impl Process {
             captured: true,
             jit: None,
             maps_read_at: Instant::now(),
+            maps_checked_at: Instant::now(),
+            refresh_after: MAPS_REFRESH_INTERVAL,
         }
     }
 
@@ -101,6 +110,22 @@ pub struct ProcessTable {
 /// table loads after the re-read); a read costs well under a millisecond,
 /// so this bounds the cost at a few per second per process.
 const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The longest wait between re-reads of maps that keep coming back
+/// unchanged. An address outside every mapping is not always new code: a
+/// stack walked through a garbage frame pointer ends in such addresses
+/// (0xc, a stack or heap address) on every sample, and re-reading the
+/// same maps five times a second for it was a steady cost (the agent's
+/// own stacks did it).
+const MAPS_REFRESH_MAX: Duration = Duration::from_secs(8);
+
+/// Whether two captures map the same code at the same places.
+fn same_mappings(a: &[Mapping], b: &[Mapping]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(a, b)| {
+            (a.start, a.end, a.offset, &a.path) == (b.start, b.end, b.offset, &b.path)
+        })
+}
 
 impl Default for ProcessTable {
     fn default() -> Self {
@@ -159,16 +184,36 @@ impl ProcessTable {
     }
 
     /// Captures `pid` on first sight; later, re-reads its maps when one of
-    /// `user_pcs` is outside every known mapping (at most once a second).
-    /// Returns true when it (re)read the process's mappings.
+    /// `user_pcs` is outside every known mapping (at most once every
+    /// `MAPS_REFRESH_INTERVAL`, less often while re-reads find nothing
+    /// new). Returns true when it captured the process or found its
+    /// mappings changed (something new to register).
     pub fn observe(&mut self, pid: u32, user_pcs: &[u64]) -> bool {
-        let refresh = match self.processes.get(&pid) {
+        self.observe_stack(pid, user_pcs, true)
+    }
+
+    /// [`observe`](Self::observe) for a sampled stack, `new` when the
+    /// recording had not seen it before. A stack seen before had its
+    /// addresses checked when it was new, so the addresses of such stacks
+    /// are checked at most once per interval per process: the check is a
+    /// lookup per frame, and at thousands of samples a second it was a
+    /// tenth of the agent's time. An address still unmapped then (the
+    /// stack was new while a re-read was not yet allowed) is found at a
+    /// later check.
+    pub fn observe_stack(&mut self, pid: u32, user_pcs: &[u64], new: bool) -> bool {
+        let refresh = match self.processes.get_mut(&pid) {
             None => true,
             Some(process) => {
                 process.captured
-                    && process.maps_read_at.elapsed() >= MAPS_REFRESH_INTERVAL
-                    && profiler_common::runtimes::native_pcs(user_pcs)
-                        .any(|pc| process.mapping_for(pc).is_none())
+                    && (new || process.maps_checked_at.elapsed() >= MAPS_REFRESH_INTERVAL)
+                    && process.maps_read_at.elapsed() >= process.refresh_after
+                    && {
+                        if !new {
+                            process.maps_checked_at = Instant::now();
+                        }
+                        profiler_common::runtimes::native_pcs(user_pcs)
+                            .any(|pc| process.mapping_for(pc).is_none())
+                    }
             }
         };
         if !refresh {
@@ -178,13 +223,27 @@ impl ProcessTable {
         let captured = process.captured;
         match self.processes.get_mut(&pid) {
             // Keep what we knew if the process is gone by now.
-            Some(old) if !captured => old.maps_read_at = Instant::now(),
-            Some(old) => *old = process,
+            Some(old) if !captured => {
+                old.maps_read_at = Instant::now();
+                false
+            }
+            Some(old) => {
+                let unchanged = same_mappings(&old.mappings, &process.mappings);
+                let refresh_after = if unchanged {
+                    (old.refresh_after * 2).min(MAPS_REFRESH_MAX)
+                } else {
+                    MAPS_REFRESH_INTERVAL
+                };
+                *old = process;
+                old.refresh_after = refresh_after;
+                // Nothing new to register when nothing changed.
+                !unchanged
+            }
             None => {
                 self.processes.insert(pid, process);
+                captured
             }
         }
-        captured
     }
 
     fn capture(&mut self, pid: u32) -> Process {
@@ -230,6 +289,8 @@ impl ProcessTable {
             captured,
             jit,
             maps_read_at: Instant::now(),
+            maps_checked_at: Instant::now(),
+            refresh_after: MAPS_REFRESH_INTERVAL,
         }
     }
 
@@ -295,6 +356,59 @@ pub fn vdso_image() -> Option<Vec<u8>> {
 #[cfg(test)]
 mod retain_tests {
     use super::*;
+
+    /// Maps re-read for an address outside them: a re-read that finds them
+    /// unchanged is not reported and doubles the wait before the next; one
+    /// that finds new code is reported and resets it.
+    #[test]
+    fn unchanged_maps_are_read_less_often_and_new_code_is_found() {
+        let proc_root = tempfile::tempdir().unwrap();
+        let binary = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(binary.path(), b"not an ELF file, only opened").unwrap();
+        let dir = proc_root.path().join("10");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("comm"), "app\n").unwrap();
+        let line = |start: u64, inode: u32| {
+            format!(
+                "{start:08x}-{:08x} r-xp 00000000 08:01 {inode} {}\n",
+                start + 0x1000,
+                binary.path().display()
+            )
+        };
+        std::fs::write(dir.join("maps"), line(0x400000, 1)).unwrap();
+        let mut table = ProcessTable::new(proc_root.path());
+        assert!(table.observe(10, &[]));
+        // As if the last read were long ago (no sleeping in the test).
+        let age = |table: &mut ProcessTable, by: Duration| {
+            let process = table.processes.get_mut(&10).unwrap();
+            process.maps_read_at -= by;
+            process.maps_checked_at -= by;
+        };
+        let outside = [0xc_u64];
+        age(&mut table, MAPS_REFRESH_INTERVAL);
+        assert!(!table.observe_stack(10, &outside, true), "unchanged");
+        assert_eq!(
+            table.get(10).unwrap().refresh_after,
+            2 * MAPS_REFRESH_INTERVAL
+        );
+        // Within the longer wait: not read again (a read would be
+        // unchanged again and double the wait once more).
+        age(&mut table, MAPS_REFRESH_INTERVAL);
+        assert!(!table.observe_stack(10, &outside, true));
+        assert_eq!(
+            table.get(10).unwrap().refresh_after,
+            2 * MAPS_REFRESH_INTERVAL
+        );
+        // New code (a dlopen) is found once the wait is over.
+        std::fs::write(dir.join("maps"), line(0x400000, 1) + &line(0x500000, 2)).unwrap();
+        age(&mut table, MAPS_REFRESH_INTERVAL);
+        assert!(table.observe_stack(10, &[0x500010], true), "new mapping");
+        let process = table.get(10).unwrap();
+        assert_eq!(process.mappings.len(), 2);
+        assert_eq!(process.refresh_after, MAPS_REFRESH_INTERVAL);
+        // A stack seen before is checked at most once per interval.
+        assert!(!table.observe_stack(10, &outside, false));
+    }
 
     #[test]
     fn retain_forgets_processes_and_closes_unmapped_objects() {
