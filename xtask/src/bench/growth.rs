@@ -102,6 +102,33 @@ pub fn processes(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
             stacks_in_profile: None,
         });
     }
+    let hz = NODE_SAMPLES_PER_SECOND / env.cpus as u64;
+    eprintln!("bench: growth, {} busy CPUs at {hz} Hz, mixed load", env.cpus);
+    let seconds = format!("{}", lifetime(plan.window));
+    let quiet = |name: &str, args: &[&str]| {
+        let mut command = Command::new(env.bins.join(name));
+        command.args(args).stdout(std::process::Stdio::null());
+        Managed::spawn(&mut command, name)
+    };
+    let load = vec![
+        quiet("goservice", &[&seconds])?,
+        quiet("deepstacks", &[&seconds, "1"])?,
+        quiet("qsortchain-nofp", &[&seconds])?,
+    ];
+    let (cost, rss, report, _) = measure(env, hz, plan.window, "cpus-node", load)?;
+    rows.push(GrowthRow {
+        label: format!(
+            "{} busy CPUs at {hz} Hz = {NODE_SAMPLES_PER_SECOND} samples/s (a 64-CPU node at \
+             100 Hz): Go service, deep C stacks, C without frame pointers",
+            env.cpus
+        ),
+        x: NODE_SAMPLES_PER_SECOND,
+        hz,
+        cost,
+        peak_rss_bytes: rss,
+        report,
+        stacks_in_profile: None,
+    });
     Ok(rows)
 }
 
@@ -147,7 +174,13 @@ pub fn stacks(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
     Ok(rows)
 }
 
-/// 1 and 2 busy CPUs (deep-stack threads).
+/// The sample rate of a 64-CPU node at 100 Hz, measured directly: every
+/// CPU of this machine busy, sampled at 6400 / CPUs Hz.
+pub const NODE_SAMPLES_PER_SECOND: u64 = 6400;
+
+/// 1 and 2 busy CPUs (deep-stack threads), then every CPU busy with a
+/// mixed load (the Go service, deep C stacks, C without frame pointers)
+/// at [`NODE_SAMPLES_PER_SECOND`].
 pub fn cpus(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
     let mut rows = Vec::new();
     for busy in 1..=env.cpus {
@@ -170,5 +203,32 @@ pub fn cpus(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
             stacks_in_profile: None,
         });
     }
+    let hz = NODE_SAMPLES_PER_SECOND / env.cpus as u64;
+    eprintln!("bench: growth, {} busy CPUs at {hz} Hz, mixed load", env.cpus);
+    let seconds = format!("{}", lifetime(plan.window));
+    let quiet = |name: &str, args: &[&str]| {
+        let mut command = Command::new(env.bins.join(name));
+        command.args(args).stdout(std::process::Stdio::null());
+        Managed::spawn(&mut command, name)
+    };
+    let load = vec![
+        quiet("goservice", &[&seconds])?,
+        quiet("deepstacks", &[&seconds, "1"])?,
+        quiet("qsortchain-nofp", &[&seconds])?,
+    ];
+    let (cost, rss, report, _) = measure(env, hz, plan.window, "cpus-node", load)?;
+    rows.push(GrowthRow {
+        label: format!(
+            "{} busy CPUs at {hz} Hz = {NODE_SAMPLES_PER_SECOND} samples/s (a 64-CPU node at \
+             100 Hz): Go service, deep C stacks, C without frame pointers",
+            env.cpus
+        ),
+        x: NODE_SAMPLES_PER_SECOND,
+        hz,
+        cost,
+        peak_rss_bytes: rss,
+        report,
+        stacks_in_profile: None,
+    });
     Ok(rows)
 }

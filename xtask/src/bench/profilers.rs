@@ -311,7 +311,10 @@ impl Running {
         };
         Ok(Snapshot {
             at,
-            cpu_seconds: usage.cpu_seconds,
+            // Windows are differences of two snapshots: to the nanosecond
+            // where the kernel keeps schedstat, in clock ticks otherwise.
+            cpu_seconds: super::process::thread_cpu_seconds(process.pid())
+                .unwrap_or(usage.cpu_seconds),
             bpf,
         })
     }

@@ -201,25 +201,23 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
     growth_table(&mut md, "Processes", &r.processes);
     growth_table(&mut md, "Distinct stacks", &r.stacks);
     growth_table(&mut md, "Busy CPUs", &r.cpus);
-    if let Some(per_sample) = r.cpus.last().and_then(|row| row.cost.user_us_per_sample()) {
-        let bpf = r
-            .cpus
-            .last()
-            .and_then(|row| row.cost.bpf?.ns_per_run())
-            .unwrap_or(0.0);
-        let rate = 64.0 * plan.hz as f64;
+    // The last row is the node's rate measured directly; the rows before
+    // it (deep stacks at the plan's rate) give the extrapolation beside it.
+    let node = r
+        .cpus
+        .iter()
+        .find(|row| row.x == super::growth::NODE_SAMPLES_PER_SECOND);
+    if let Some(node) = node {
         let _ = writeln!(
             md,
-            "Extrapolated to 64 busy CPUs at {} Hz ({rate:.0} samples/s), with the per-sample \
-             costs of the {}-CPU run: agent {:.1} % of one core, BPF {:.2} % of one core spread \
-             over the 64 (if per-sample cost stays flat, as the rows above test).\n",
-            plan.hz,
-            env.cpus,
-            rate * per_sample / 1e4,
-            rate * bpf / 1e7,
+            "Measured at {} samples/s (the last row, the agent's CPU between two snapshots \
+             after start-up): {:.2} % of one core, {:.1} µs per sample, peak RSS {:.1} MiB.\n",
+            super::growth::NODE_SAMPLES_PER_SECOND,
+            node.cost.cpu_per_wall * 100.0,
+            node.cost.user_us_per_sample().unwrap_or(0.0),
+            node.peak_rss_bytes as f64 / (1 << 20) as f64,
         );
     }
-
     // 4. Symbolization and encoding.
     let _ = writeln!(md, "## 4. Symbolization and encoding\n");
     let _ = writeln!(
@@ -806,6 +804,32 @@ pub fn verdicts(plan: &Plan, r: &Results) -> Vec<String> {
             one.map_or("–".into(), |row| format!(
                 "{:.2} %",
                 row.cost.cpu_per_wall * 100.0
+            ))
+        ),
+    );
+    let node = r
+        .cpus
+        .iter()
+        .find(|row| row.x == super::growth::NODE_SAMPLES_PER_SECOND);
+    verdict(
+        node.map(|row| row.cost.cpu_per_wall <= 0.01),
+        format!(
+            "agent CPU <= 1% of one core at {} samples/s (measured, mixed load, after start-up): {}",
+            super::growth::NODE_SAMPLES_PER_SECOND,
+            node.map_or("–".into(), |row| format!(
+                "{:.2} %",
+                row.cost.cpu_per_wall * 100.0
+            ))
+        ),
+    );
+    verdict(
+        node.map(|row| row.peak_rss_bytes <= 64 << 20),
+        format!(
+            "agent peak RSS <= 64 MiB at {} samples/s: {}",
+            super::growth::NODE_SAMPLES_PER_SECOND,
+            node.map_or("–".into(), |row| format!(
+                "{:.1} MiB",
+                row.peak_rss_bytes as f64 / (1 << 20) as f64
             ))
         ),
     );
