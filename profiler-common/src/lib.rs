@@ -23,9 +23,12 @@ pub const MAX_USER_FRAMES: usize = 1024;
 
 /// Size of the sample ring buffer. Records are variable-length (a 72-byte
 /// header and 8 bytes a frame: 30 user and 10 kernel frames take 392
-/// bytes): 8 MiB holds over 20,000 of them, seconds of 64 busy CPUs at
-/// 100 Hz for a drain loop that wakes every 100 ms.
-pub const RING_BUFFER_BYTES: u32 = 8 << 20;
+/// bytes): 4 MiB holds over 10,000 of them, 1.6 s of 64 busy CPUs at
+/// 100 Hz, for a reader thread that empties it every 100 ms at the latest
+/// and is woken when it is a quarter full. The kernel maps the data pages
+/// twice into the reader (so a record never wraps), and both count in the
+/// agent's RSS: 8 MiB counted 16 MiB there.
+pub const RING_BUFFER_BYTES: u32 = 4 << 20;
 
 /// Most pids `--pid` may name at once (entries of the in-kernel filter).
 pub const MAX_PID_FILTER: u32 = 1024;

@@ -117,7 +117,7 @@ const MAPS_REFRESH_INTERVAL: Duration = Duration::from_millis(200);
 /// (0xc, a stack or heap address) on every sample, and re-reading the
 /// same maps five times a second for it was a steady cost (the agent's
 /// own stacks did it).
-const MAPS_REFRESH_MAX: Duration = Duration::from_secs(8);
+const MAPS_REFRESH_MAX: Duration = Duration::from_secs(2);
 
 /// Whether two captures map the same code at the same places.
 fn same_mappings(a: &[Mapping], b: &[Mapping]) -> bool {

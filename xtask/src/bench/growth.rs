@@ -103,7 +103,10 @@ pub fn processes(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
         });
     }
     let hz = NODE_SAMPLES_PER_SECOND / env.cpus as u64;
-    eprintln!("bench: growth, {} busy CPUs at {hz} Hz, mixed load", env.cpus);
+    eprintln!(
+        "bench: growth, {} busy CPUs at {hz} Hz, mixed load",
+        env.cpus
+    );
     let seconds = format!("{}", lifetime(plan.window));
     let quiet = |name: &str, args: &[&str]| {
         let mut command = Command::new(env.bins.join(name));
@@ -204,7 +207,10 @@ pub fn cpus(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
         });
     }
     let hz = NODE_SAMPLES_PER_SECOND / env.cpus as u64;
-    eprintln!("bench: growth, {} busy CPUs at {hz} Hz, mixed load", env.cpus);
+    eprintln!(
+        "bench: growth, {} busy CPUs at {hz} Hz, mixed load",
+        env.cpus
+    );
     let seconds = format!("{}", lifetime(plan.window));
     let quiet = |name: &str, args: &[&str]| {
         let mut command = Command::new(env.bins.join(name));
