@@ -73,6 +73,14 @@ fn add_debug_info(
     maps: &mut Vec<Weak<memmap2::Mmap>>,
     fetch: Option<(&debuginfod::Debuginfod, Option<std::time::Instant>)>,
 ) -> bool {
+    // Behind a runtime's own tables the DWARF is for the rest only: read
+    // when first asked.
+    if object.runtime_symbols().is_some()
+        && let Some(dwarf) = dwarf::LazyDwarf::of(parsed, data)
+    {
+        object.insert_before_symbols(Box::new(dwarf));
+        return false;
+    }
     if let Some(dwarf) = dwarf::DwarfSymbols::from_object(parsed, data) {
         object.insert_before_symbols(Box::new(dwarf));
         return false;
@@ -530,17 +538,19 @@ impl Symbolizer {
 
     /// Symbolizes `address`, an ELF virtual address of the object `file`.
     pub fn object_address(&mut self, file: &ObjectFile, address: u64) -> Symbolized {
-        let name = file.path.file_name().map_or_else(
-            || file.path.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        );
         let object = self.object(file);
         match object.as_ref().and_then(|object| object.resolve(address)) {
             Some(frames) if !frames.is_empty() => Symbolized {
                 frames,
                 resolved: true,
             },
-            _ => cfi_grouped(&name, Some(&file.path), object.as_deref(), address),
+            _ => {
+                let name = file.path.file_name().map_or_else(
+                    || file.path.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                );
+                cfi_grouped(&name, Some(&file.path), object.as_deref(), address)
+            }
         }
     }
 

@@ -221,6 +221,46 @@ fn push_frame(
     Some(())
 }
 
+/// An object's own DWARF, read when an address first needs it. For
+/// objects whose runtime's own tables name their code (a Go binary's
+/// pclntab), the DWARF serves only code outside them (cgo's C), and
+/// reading it up front (inflating compressed sections: megabytes for a
+/// large Go service) cost more than naming every address.
+pub struct LazyDwarf {
+    data: Arc<memmap2::Mmap>,
+    loaded: std::sync::OnceLock<Option<DwarfSymbols>>,
+}
+
+impl LazyDwarf {
+    /// None when the object has no DWARF to read.
+    pub fn of(file: &object::File<'_>, data: &Arc<memmap2::Mmap>) -> Option<Self> {
+        let info = file.section_by_name(".debug_info")?;
+        (info.size() > 0).then(|| LazyDwarf {
+            data: data.clone(),
+            loaded: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn symbols(&self) -> Option<&DwarfSymbols> {
+        self.loaded
+            .get_or_init(|| {
+                let file = object::File::parse(&**self.data).ok()?;
+                DwarfSymbols::from_object(&file, &self.data)
+            })
+            .as_ref()
+    }
+}
+
+impl Resolver for LazyDwarf {
+    fn kind(&self) -> &'static str {
+        "dwarf"
+    }
+
+    fn resolve(&self, address: u64) -> Option<Vec<Frame>> {
+        self.symbols()?.resolve(address)
+    }
+}
+
 impl Resolver for DwarfSymbols {
     fn kind(&self) -> &'static str {
         "dwarf"

@@ -222,8 +222,9 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
     let _ = writeln!(md, "## 4. Symbolization and encoding\n");
     let _ = writeln!(
         md,
-        "One invocation per tool with every address (`profiler-agent symbolize --binary BIN \
-         ADDR...` and `addr2line -f -C -i -e BIN` reading stdin), addresses picked inside the \
+        "One invocation per tool with every address (`profiler-agent symbolize --binary BIN`, \
+         `addr2line -f -C -i -e BIN` and, for Go, a program calling `debug/gosym`'s \
+         `PCToLine`, all reading the addresses on stdin), addresses picked inside the \
          binary's function symbols. PCs/s = addresses / wall time, parsing included; start-up \
          = the same with one address.\n"
     );
@@ -830,6 +831,19 @@ pub fn verdicts(plan: &Plan, r: &Results) -> Vec<String> {
             node.map_or("–".into(), |row| format!(
                 "{:.1} MiB",
                 row.peak_rss_bytes as f64 / (1 << 20) as f64
+            ))
+        ),
+    );
+    let go = r.go_symbolize.as_ref();
+    verdict(
+        go.map(|s| s.agent_all <= s.addr2line_all),
+        format!(
+            "Go symbolization at least as fast as Go's own debug/gosym (same addresses, parsing \
+             included, inlined calls expanded): {}",
+            go.map_or("–".into(), |s| format!(
+                "{:.0} vs {:.0} PCs/s",
+                s.addresses as f64 / s.agent_all,
+                s.addresses as f64 / s.addr2line_all
             ))
         ),
     );
