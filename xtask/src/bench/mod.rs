@@ -17,6 +17,7 @@ mod probes;
 mod process;
 mod profilers;
 mod report;
+mod sidebyside;
 mod stats;
 mod stripped;
 mod tools;
@@ -39,6 +40,7 @@ const SCENARIOS: &[&str] = &[
     "stripped",
     "go-state",
     "java",
+    "side-by-side",
     "continuous",
     "unwinding",
 ];
@@ -233,6 +235,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     if wanted("java") {
         results.java = java::run(&env, &plan);
         errors.append(&mut results.java.errors);
+    }
+    if wanted("side-by-side") {
+        results.side_by_side = sidebyside::run(&env, &plan);
+        errors.append(&mut results.side_by_side.errors);
     }
     if wanted("continuous") {
         results.continuous = continuous::run(&env, &plan);

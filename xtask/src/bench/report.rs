@@ -32,6 +32,7 @@ pub struct Results {
     pub probes: super::probes::ProbeBench,
     pub go_state: super::gostate::GoState,
     pub java: super::java::JavaBench,
+    pub side_by_side: super::sidebyside::SideBySide,
     pub load_before: String,
     pub load_after: String,
     pub elapsed: Duration,
@@ -339,6 +340,7 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
 
     super::gostate::section(&mut md, plan, &r.go_state);
     super::java::section(&mut md, plan, &r.java);
+    super::sidebyside::section(&mut md, plan, &r.side_by_side);
 
     // Targets.
     let _ = writeln!(md, "## Targets\n");
@@ -944,6 +946,7 @@ pub fn verdicts(plan: &Plan, r: &Results) -> Vec<String> {
             opt(last, 1, " µs")
         ),
     );
+    super::sidebyside::verdicts(&r.side_by_side, &mut verdict);
     lines
 }
 

@@ -49,7 +49,7 @@ impl Workload {
         }
     }
 
-    fn command(self, env: &Env, seconds: f64) -> Command {
+    pub(super) fn command(self, env: &Env, seconds: f64) -> Command {
         let mut c = match self {
             Workload::GoService => Command::new(env.bins.join("goservice")),
             Workload::Syscalls => Command::new(env.bins.join("syscalls")),

@@ -1,0 +1,216 @@
+//! BPF time per sample with bpftrace loaded at the same time: the agent
+//! (unwind tables, the default; `--frame-pointers-only`; `--no-go-labels`)
+//! and `bpftrace -e 'profile:hz:N { @[ustack, kstack] = count(); }'` sample
+//! the same workload over the same windows, and each window gives the
+//! ratio of their `run_time_ns / run_cnt`. Measured one after the other,
+//! two programs see different loads and caches; side by side they see the
+//! same, so the ratio is what holds on a noisy machine.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use super::process::Managed;
+use super::profilers::Tool;
+use super::stats::Summary;
+use super::workloads::Workload;
+use super::{Env, Plan};
+
+/// One agent variant next to bpftrace on one workload.
+#[derive(Debug, Clone)]
+pub struct PairRow {
+    pub workload: Workload,
+    pub variant: Tool,
+    /// Per window: agent ns per sample / bpftrace's.
+    pub ratios: Vec<f64>,
+    pub agent_ns: Vec<f64>,
+    pub bpftrace_ns: Vec<f64>,
+}
+
+#[derive(Debug, Default)]
+pub struct SideBySide {
+    pub rows: Vec<PairRow>,
+    pub window: Duration,
+    pub errors: Vec<String>,
+}
+
+impl SideBySide {
+    pub fn row(&self, workload: Workload, variant: Tool) -> Option<&PairRow> {
+        self.rows
+            .iter()
+            .find(|r| r.workload == workload && r.variant == variant)
+    }
+
+    pub fn ratio(&self, workload: Workload, variant: Tool) -> Option<Summary> {
+        Summary::of(&self.row(workload, variant)?.ratios)
+    }
+}
+
+/// Deep Go stacks (where frame pointers are sound, so bpftrace's walk is a
+/// fair floor), C without frame pointers (where it is not: it follows
+/// garbage), and deep C stacks with frame pointers.
+pub const WORKLOADS: [Workload; 3] = [
+    Workload::GoService,
+    Workload::NoFramePointers,
+    Workload::DeepStacks,
+];
+
+pub fn run(env: &Env, plan: &Plan) -> SideBySide {
+    let (rounds, window) = if plan.quick {
+        (1, Duration::from_secs(2))
+    } else {
+        (5, Duration::from_secs(10))
+    };
+    let mut result = SideBySide {
+        window,
+        ..SideBySide::default()
+    };
+    for workload in WORKLOADS {
+        let mut variants = vec![Tool::Agent, Tool::AgentFramePointers];
+        if workload == Workload::GoService {
+            variants.push(Tool::AgentNoGoLabels);
+        }
+        for variant in variants {
+            eprintln!(
+                "bench: side by side with bpftrace, {} on {}",
+                variant.name(),
+                workload.short()
+            );
+            match measure(env, plan, workload, variant, rounds, window) {
+                Ok(row) => result.rows.push(row),
+                Err(error) => result.errors.push(format!(
+                    "side by side, {} on {}: {error:#}",
+                    variant.name(),
+                    workload.short()
+                )),
+            }
+        }
+    }
+    result
+}
+
+fn measure(
+    env: &Env,
+    plan: &Plan,
+    workload: Workload,
+    variant: Tool,
+    rounds: usize,
+    window: Duration,
+) -> anyhow::Result<PairRow> {
+    // Long enough for both profilers' start-up and every window.
+    let seconds = 60.0 + rounds as f64 * window.as_secs_f64();
+    let mut command = workload.command(env, seconds);
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    let load = Managed::spawn(&mut command, workload.short())?;
+    let label = format!(
+        "pair-{}-{}",
+        workload.short(),
+        variant.name().replace(' ', "")
+    );
+    let bpftrace = Tool::Bpftrace.start(env, plan.hz, &label)?;
+    let agent = variant.start(env, plan.hz, &label)?;
+    let mut row = PairRow {
+        workload,
+        variant,
+        ratios: Vec::new(),
+        agent_ns: Vec::new(),
+        bpftrace_ns: Vec::new(),
+    };
+    for _ in 0..rounds {
+        let (a0, b0) = (agent.snapshot()?, bpftrace.snapshot()?);
+        std::thread::sleep(window);
+        let (a1, b1) = (agent.snapshot()?, bpftrace.snapshot()?);
+        let ns = |start: &super::profilers::Snapshot, end: &super::profilers::Snapshot| {
+            end.bpf
+                .zip(start.bpf)
+                .and_then(|(e, s)| e.since(s).ns_per_run())
+        };
+        if let (Some(a), Some(b)) = (ns(&a0, &a1), ns(&b0, &b1)) {
+            row.agent_ns.push(a);
+            row.bpftrace_ns.push(b);
+            row.ratios.push(a / b);
+        }
+    }
+    agent.stop()?;
+    bpftrace.stop()?;
+    drop(load);
+    if row.ratios.is_empty() {
+        anyhow::bail!("no window had BPF runs of both programs");
+    }
+    Ok(row)
+}
+
+pub fn section(md: &mut String, plan: &Plan, r: &SideBySide) {
+    use std::fmt::Write as _;
+    let _ = writeln!(
+        md,
+        "## 12. BPF time per sample, side by side with bpftrace\n"
+    );
+    let _ = writeln!(
+        md,
+        "Each agent variant and `bpftrace -e 'profile:hz:{} {{ @[ustack, kstack] = count(); }}'` \
+         loaded at the same time, system-wide, on one workload; each {:.0} s window gives both \
+         programs' `run_time_ns / run_cnt` (idle CPUs' runs included) and their ratio. Medians \
+         over the windows with (min–max). On the Go service frame pointers are sound, so \
+         bpftrace's pointer chase is a fair floor for complete stacks; on C without frame \
+         pointers bpftrace follows garbage and stops early.\n",
+        plan.hz,
+        r.window.as_secs_f64()
+    );
+    let _ = writeln!(
+        md,
+        "| workload | agent variant | agent ns per sample | bpftrace ns per sample | agent / bpftrace |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for row in &r.rows {
+        let show = |values: &[f64], digits| {
+            Summary::of(values).map_or("–".into(), |s| s.show(1.0, digits, ""))
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            row.workload.name(),
+            row.variant.name(),
+            show(&row.agent_ns, 0),
+            show(&row.bpftrace_ns, 0),
+            show(&row.ratios, 2),
+        );
+    }
+    let _ = writeln!(md);
+}
+
+/// The issue's targets: tables at or below bpftrace's frame-pointer walk,
+/// frame pointers only at or below 0.8 of it, Go labels adding at most
+/// 10%.
+pub fn verdicts(r: &SideBySide, verdict: &mut dyn FnMut(Option<bool>, String)) {
+    let median = |w, t| r.ratio(w, t).map(|s| s.median);
+    for workload in WORKLOADS {
+        let tables = median(workload, Tool::Agent);
+        verdict(
+            tables.map(|x| x <= 1.0),
+            format!(
+                "BPF per sample with unwind tables <= 1.0x bpftrace's, side by side, on {}: {}",
+                workload.short(),
+                tables.map_or("–".into(), |x| format!("{x:.2}x"))
+            ),
+        );
+        let pointers = median(workload, Tool::AgentFramePointers);
+        verdict(
+            pointers.map(|x| x <= 0.8),
+            format!(
+                "BPF per sample with --frame-pointers-only <= 0.8x bpftrace's, side by side, on {}: {}",
+                workload.short(),
+                pointers.map_or("–".into(), |x| format!("{x:.2}x"))
+            ),
+        );
+    }
+    let with = median(Workload::GoService, Tool::Agent);
+    let without = median(Workload::GoService, Tool::AgentNoGoLabels);
+    verdict(
+        with.zip(without).map(|(a, b)| a <= 1.1 * b),
+        format!(
+            "Go label reading adds <= 10% to BPF per sample on go-service (ratios to bpftrace with and without): {}",
+            with.zip(without)
+                .map_or("–".into(), |(a, b)| format!("{a:.2}x vs {b:.2}x"))
+        ),
+    );
+}
