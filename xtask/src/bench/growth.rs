@@ -102,36 +102,6 @@ pub fn processes(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
             stacks_in_profile: None,
         });
     }
-    let hz = NODE_SAMPLES_PER_SECOND / env.cpus as u64;
-    eprintln!(
-        "bench: growth, {} busy CPUs at {hz} Hz, mixed load",
-        env.cpus
-    );
-    let seconds = format!("{}", lifetime(plan.window));
-    let quiet = |name: &str, args: &[&str]| {
-        let mut command = Command::new(env.bins.join(name));
-        command.args(args).stdout(std::process::Stdio::null());
-        Managed::spawn(&mut command, name)
-    };
-    let load = vec![
-        quiet("goservice", &[&seconds])?,
-        quiet("deepstacks", &[&seconds, "1"])?,
-        quiet("qsortchain-nofp", &[&seconds])?,
-    ];
-    let (cost, rss, report, _) = measure(env, hz, plan.window, "cpus-node", load)?;
-    rows.push(GrowthRow {
-        label: format!(
-            "{} busy CPUs at {hz} Hz = {NODE_SAMPLES_PER_SECOND} samples/s (a 64-CPU node at \
-             100 Hz): Go service, deep C stacks, C without frame pointers",
-            env.cpus
-        ),
-        x: NODE_SAMPLES_PER_SECOND,
-        hz,
-        cost,
-        peak_rss_bytes: rss,
-        report,
-        stacks_in_profile: None,
-    });
     Ok(rows)
 }
 
