@@ -239,9 +239,13 @@ fn print_json(results: &[(u64, Symbolized)]) -> anyhow::Result<()> {
                 .collect(),
         })
         .collect();
+    // Serialized first, so that writing fails as an io::Error (a closed
+    // pipe is then quiet, as for text).
+    let mut text = serde_json::to_string_pretty(&json)?;
+    text.push('\n');
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, &json)?;
-    out.write_all(b"\n")?;
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
     Ok(())
 }
 

@@ -244,8 +244,15 @@ impl LazyDwarf {
     fn symbols(&self) -> Option<&DwarfSymbols> {
         self.loaded
             .get_or_init(|| {
-                let file = object::File::parse(&**self.data).ok()?;
-                DwarfSymbols::from_object(&file, &self.data)
+                // Under the same guard as an object's first parse: a
+                // malformed binary's DWARF must not take down the thread
+                // that builds the profile.
+                crate::elf::guard(|| {
+                    let file = object::File::parse(&**self.data)?;
+                    Ok(DwarfSymbols::from_object(&file, &self.data))
+                })
+                .ok()
+                .flatten()
             })
             .as_ref()
     }

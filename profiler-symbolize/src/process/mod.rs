@@ -186,8 +186,7 @@ impl ProcessTable {
     /// Captures `pid` on first sight; later, re-reads its maps when one of
     /// `user_pcs` is outside every known mapping (at most once every
     /// `MAPS_REFRESH_INTERVAL`, less often while re-reads find nothing
-    /// new). Returns true when it captured the process or found its
-    /// mappings changed (something new to register).
+    /// new). Returns true when it (re)read the process's mappings.
     pub fn observe(&mut self, pid: u32, user_pcs: &[u64]) -> bool {
         self.observe_stack(pid, user_pcs, true)
     }
@@ -198,8 +197,9 @@ impl ProcessTable {
     /// are checked at most once per interval per process: the check is a
     /// lookup per frame, and at thousands of samples a second it was a
     /// tenth of the agent's time. An address still unmapped then (the
-    /// stack was new while a re-read was not yet allowed) is found at a
-    /// later check.
+    /// stack was new while a re-read was not yet allowed) is found when a
+    /// later check samples one of its stacks: soon for code that runs
+    /// often, which is the code a profile is about.
     pub fn observe_stack(&mut self, pid: u32, user_pcs: &[u64], new: bool) -> bool {
         let refresh = match self.processes.get_mut(&pid) {
             None => true,
@@ -236,8 +236,11 @@ impl ProcessTable {
                 };
                 *old = process;
                 old.refresh_after = refresh_after;
-                // Nothing new to register when nothing changed.
-                !unchanged
+                // Registered again even when unchanged: a registry that
+                // could not read the process the first time (an
+                // interpreter with no threads yet) gets another try, at
+                // the re-reads' (backed-off) pace.
+                true
             }
             None => {
                 self.processes.insert(pid, process);
@@ -386,7 +389,7 @@ mod retain_tests {
         };
         let outside = [0xc_u64];
         age(&mut table, MAPS_REFRESH_INTERVAL);
-        assert!(!table.observe_stack(10, &outside, true), "unchanged");
+        assert!(table.observe_stack(10, &outside, true), "read again");
         assert_eq!(
             table.get(10).unwrap().refresh_after,
             2 * MAPS_REFRESH_INTERVAL
