@@ -234,10 +234,11 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
         "| binary | functions | addresses | agent PCs/s | addr2line PCs/s | agent start-up s | addr2line start-up s |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|");
-    for s in &r.symbolize {
+    // One row per binary; the Go row's baseline columns are debug/gosym's.
+    let row = |md: &mut String, s: &SymbolizeRow, note: &str| {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} |",
+            "| {}{note} | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} |",
             s.binary,
             s.functions,
             s.addresses,
@@ -246,21 +247,18 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
             s.agent_one,
             s.addr2line_one
         );
+    };
+    for s in &r.symbolize {
+        row(&mut md, s, "");
     }
     match &r.go_symbolize {
         Some(s) => {
-            let _ = writeln!(
-                md,
-                "| {} (baseline columns: Go's `debug/gosym` `PCToLine`, which expands no \
-                 inlined calls) | {} | {} | {:.0} | {:.0} | {:.3} | {:.3} |\n",
-                s.binary,
-                s.functions,
-                s.addresses,
-                s.addresses as f64 / s.agent_all,
-                s.addresses as f64 / s.addr2line_all,
-                s.agent_one,
-                s.addr2line_one
+            row(
+                &mut md,
+                s,
+                " (baseline columns: Go's `debug/gosym` `PCToLine`, which expands no inlined calls)",
             );
+            let _ = writeln!(md);
         }
         None => {
             let _ = writeln!(
