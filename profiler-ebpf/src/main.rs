@@ -149,7 +149,8 @@ fn record_sample(ctx: &PerfEventContext) {
         // A goroutine's labels go after the last frame (the sample's
         // `tail` leaves room for them however many frames there are).
         if runtimes::go::labels::enabled()
-            && let Some((block, len)) = runtimes::go::labels::read(pid, &regs)
+            && let Some((block, len)) =
+                runtimes::go::labels::read(unwind::WALK_SAMPLING, pid, &regs)
             && len <= core::mem::size_of::<GoLabels>()
             && read_kernel_raw(
                 sample.cast::<u8>().add(record_len).cast(),
