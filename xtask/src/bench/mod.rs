@@ -9,6 +9,7 @@ mod codec;
 mod continuous;
 mod gostate;
 mod growth;
+mod interpreters;
 mod java;
 mod listener;
 mod offcpu;
@@ -41,6 +42,7 @@ const SCENARIOS: &[&str] = &[
     "go-state",
     "java",
     "side-by-side",
+    "interpreters",
     "continuous",
     "unwinding",
 ];
@@ -239,6 +241,10 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     if wanted("side-by-side") {
         results.side_by_side = sidebyside::run(&env, &plan);
         errors.append(&mut results.side_by_side.errors);
+    }
+    if wanted("interpreters") {
+        results.interpreters = interpreters::run(&env, &plan);
+        errors.append(&mut results.interpreters.errors);
     }
     if wanted("continuous") {
         results.continuous = continuous::run(&env, &plan);

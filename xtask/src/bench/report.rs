@@ -33,6 +33,7 @@ pub struct Results {
     pub go_state: super::gostate::GoState,
     pub java: super::java::JavaBench,
     pub side_by_side: super::sidebyside::SideBySide,
+    pub interpreters: super::interpreters::InterpreterBench,
     pub load_before: String,
     pub load_after: String,
     pub elapsed: Duration,
@@ -339,6 +340,7 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
     super::gostate::section(&mut md, plan, &r.go_state);
     super::java::section(&mut md, plan, &r.java);
     super::sidebyside::section(&mut md, plan, &r.side_by_side);
+    super::interpreters::section(&mut md, plan, &r.interpreters);
 
     // Targets.
     let _ = writeln!(md, "## Targets\n");
@@ -945,6 +947,7 @@ pub fn verdicts(plan: &Plan, r: &Results) -> Vec<String> {
         ),
     );
     super::sidebyside::verdicts(&r.side_by_side, &mut verdict);
+    super::interpreters::verdicts(&r.interpreters, &mut verdict);
     lines
 }
 
