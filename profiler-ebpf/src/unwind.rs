@@ -190,8 +190,10 @@ pub fn walk_user_stack(
 const CONTINUE: i64 = 0;
 const STOP: i64 = 1;
 
-/// `STEPS` frames (`one_step`) per loop iteration: an iteration costs
-/// about as much as a frame pointer's step.
+/// One frame: record `pc`, then move to the caller. Returns STOP when the
+/// walk is over (with `state.end` saying why). One frame per iteration:
+/// two (as `frame_pointer_only_step` does four) doubled the callback's
+/// stack past the 512 bytes arm64's verifier allows it with the program's.
 extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     // SAFETY: `context` is the StepContext on walk_user_stack's stack, and
     // its pointers are this CPU's walk state and scratch sample, ours
@@ -200,20 +202,6 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         let context = &*(context as *const StepContext);
         (&mut *context.state, &mut *context.sample)
     };
-    for _ in 0..STEPS {
-        if one_step(state, sample) == STOP {
-            return STOP;
-        }
-    }
-    CONTINUE
-}
-
-const STEPS: usize = 2;
-
-/// One frame: record `pc`, then move to the caller. Returns STOP when the
-/// walk is over (with `state.end` saying why).
-#[inline(always)]
-fn one_step(state: &mut WalkState, sample: &mut Sample) -> i64 {
     // An eval loop activation's Python frames, one per iteration, before
     // its native caller is recorded (`runtimes::python`).
     if state.py_pending != 0 {
