@@ -154,17 +154,9 @@ pub fn walk_user_stack(
             (*state).mapping_count = process.mapping_count;
         }
         let mut context = StepContext { state, sample };
-        // A process with no tables and no JVM (every process under
-        // --frame-pointers-only) is all frame pointers: a step that does
-        // only that costs a third less per frame than the general one.
-        let callback = if (*state).mapping_count == 0 && !runtimes::hotspot::start(&mut *state) {
-            frame_pointer_only_step as *mut c_void
-        } else {
-            step as *mut c_void
-        };
         bpf_loop(
             MAX_USER_FRAMES as u32,
-            callback,
+            step as *mut c_void,
             (&mut context as *mut StepContext).cast(),
             0,
         );
@@ -192,8 +184,8 @@ const STOP: i64 = 1;
 
 /// One frame: record `pc`, then move to the caller. Returns STOP when the
 /// walk is over (with `state.end` saying why). One frame per iteration:
-/// two (as `frame_pointer_only_step` does four) doubled the callback's
-/// stack past the 512 bytes arm64's verifier allows it with the program's.
+/// two doubled the callback's stack past the 512 bytes arm64's verifier
+/// allows it with the program's.
 extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     // SAFETY: `context` is the StepContext on walk_user_stack's stack, and
     // its pointers are this CPU's walk state and scratch sample, ours
@@ -320,41 +312,6 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     state.end = end;
     STOP
 }
-
-/// `step` for a process whose frames are all walked by frame pointers,
-/// `FRAME_POINTER_STEPS` frames per iteration (a loop iteration costs
-/// about as much as the frame it walks).
-extern "C" fn frame_pointer_only_step(_index: u64, context: *mut c_void) -> i64 {
-    // SAFETY: as in `step`.
-    let (state, sample) = unsafe {
-        let context = &*(context as *const StepContext);
-        (&mut *context.state, &mut *context.sample)
-    };
-    for _ in 0..FRAME_POINTER_STEPS {
-        let n = state.frames;
-        let slot = state.kernel_frames as u64 + n as u64;
-        if n as usize >= MAX_USER_FRAMES || slot >= MAX_SAMPLE_FRAMES as u64 {
-            return STOP; // end stays Truncated
-        }
-        if let Some(frame) = sample.frames.get_mut(slot as usize) {
-            *frame = state.pc;
-        }
-        state.frames = n + 1;
-        let end = match frame_pointer_step(state) {
-            Ok(Step::Next) => continue,
-            Ok(Step::End(end)) => end as u32,
-            Err(()) => {
-                bump(Counter::UserStackFailed);
-                UserStackEnd::ReadFault as u32
-            }
-        };
-        state.end = end;
-        return STOP;
-    }
-    CONTINUE
-}
-
-const FRAME_POINTER_STEPS: usize = 4;
 
 /// Caller by frame-pointer record.
 #[inline(always)]
