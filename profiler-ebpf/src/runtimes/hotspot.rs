@@ -57,10 +57,10 @@ const INTERPRETER_WORDS: usize = 11;
 /// The frame pointer's word in that window.
 const FP_WORD: usize = 9;
 
-/// Whether the walk's process runs a registered JVM (looked up once per
-/// walk, its layout copied into the walk state).
+/// The Java frame at `state.pc`, and its caller; None when the PC is not
+/// in a registered JVM's code cache (the frame is native).
 #[inline(always)]
-pub(crate) fn start(state: &mut WalkState) -> bool {
+pub(crate) fn step(state: &mut WalkState, sample: &mut Sample) -> Option<Result<Step, ()>> {
     if state.jvm_state == JVM_UNSTARTED {
         state.jvm_state = JVM_OFF;
         let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -70,14 +70,7 @@ pub(crate) fn start(state: &mut WalkState) -> bool {
             state.jvm_state = JVM_ON;
         }
     }
-    state.jvm_state == JVM_ON
-}
-
-/// The Java frame at `state.pc`, and its caller; None when the PC is not
-/// in a registered JVM's code cache (the frame is native).
-#[inline(always)]
-pub(crate) fn step(state: &mut WalkState, sample: &mut Sample) -> Option<Result<Step, ()>> {
-    if !start(state) {
+    if state.jvm_state != JVM_ON {
         return None;
     }
     let pc = state.pc;
