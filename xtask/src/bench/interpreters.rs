@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::bpf_stats::perf_event_counters;
-use super::process::read_usage;
-use super::profilers::start_agent;
+use super::profilers::{Running, start_agent};
 use super::stats::Summary;
 use super::{Env, Plan};
 
@@ -202,23 +200,16 @@ fn measure_agent(
     if workload == Workload::Java {
         std::thread::sleep(Duration::from_secs(2));
     }
-    let agent_pid = agent.pid().context("the agent's pid")?;
-    let before = perf_event_counters(agent_pid, Some("sample_stack"))?.unwrap_or_default();
-    // To the nanosecond (schedstat), where clock ticks would round 6 s of
-    // a fraction of a percent to 0 or 1 tick.
-    let cpu_seconds = |pid: u32| {
-        super::process::thread_cpu_seconds(pid)
-            .or_else(|| read_usage(pid).map(|u| u.cpu_seconds))
-            .unwrap_or(0.0)
-    };
-    let cpu_before = cpu_seconds(agent_pid);
+    // The BPF counters and the agent's CPU (schedstat, to the nanosecond)
+    // at both ends of the window, as every profiler window is measured.
+    let start = agent.snapshot()?;
     std::thread::sleep(plan.window);
-    let after = perf_event_counters(agent_pid, Some("sample_stack"))?.unwrap_or_default();
-    let cpu_after = cpu_seconds(agent_pid);
+    let end = agent.snapshot()?;
     let stopped = agent.stop()?;
-    let ns = after
-        .since(before)
-        .ns_per_run()
+    let cost = Running::cost(&start, &end);
+    let ns = cost
+        .bpf
+        .and_then(|bpf| bpf.ns_per_run())
         .context("no BPF runs in the window")?;
     match workload {
         Workload::Native => results.native_ns.push(ns),
@@ -239,8 +230,7 @@ fn measure_agent(
                 )
             };
             times.push(ns);
-            let wall = plan.window.as_secs_f64().max(0.1);
-            cpu.push((cpu_after - cpu_before).max(0.0) / wall);
+            cpu.push(cost.cpu_per_wall);
             if let Some(per_sample) = frames_per_sample(&stopped.log, name) {
                 frames.push(per_sample);
             }
