@@ -53,7 +53,7 @@ pub(crate) const JVM_OFF: u32 = 2;
 /// Words of an interpreter frame read at once: from 9 words below the
 /// frame pointer (the deepest slot used, arm64's bytecode pointer) to the
 /// return address above it.
-const INTERPRETER_WORDS: usize = 11;
+pub(crate) const INTERPRETER_WORDS: usize = 11;
 /// The frame pointer's word in that window.
 const FP_WORD: usize = 9;
 
@@ -107,12 +107,15 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
     if fp < state.sp || fp & 7 != 0 || fp >= machine::USER_LIMIT {
         return Err(JVM_CUT_NO_CALLER);
     }
-    let mut window = [0u64; INTERPRETER_WORDS];
-    // SAFETY: `window` is INTERPRETER_WORDS words on this program's stack;
-    // the helper checks the user address and reports a fault.
+    // The window lives in the walk state, not on this program's stack:
+    // zeroing 88 bytes there took a call to `memset`, one nested call too
+    // many for arm64's verifier (512 bytes for the program, the loop
+    // callback and its calls together).
+    // SAFETY: `jvm_frame` is INTERPRETER_WORDS words of this CPU's walk
+    // state; the helper checks the user address and reports a fault.
     let read = unsafe {
         bpf_probe_read_user(
-            window.as_mut_ptr().cast(),
+            state.jvm_frame.as_mut_ptr().cast(),
             (INTERPRETER_WORDS * 8) as u32,
             (fp - (FP_WORD * 8) as u64) as *const _,
         )
@@ -120,6 +123,7 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
     if read != 0 {
         return Err(JVM_CUT_READ_FAULT);
     }
+    let window = &state.jvm_frame;
     let slot = |below: u8| {
         let index = FP_WORD.wrapping_sub(below as usize);
         window.get(index).copied().unwrap_or(0)
