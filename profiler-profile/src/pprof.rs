@@ -47,100 +47,124 @@ impl Strings {
 /// Converts the model to pprof messages. Ids are 1-based indices.
 pub fn to_proto(profile: &Profile) -> proto::Profile {
     let mut strings = Strings::new();
-    let value_type = |strings: &mut Strings, t: &str, u: &str| proto::ValueType {
-        r#type: strings.get(t),
-        unit: strings.get(u),
-    };
-    // Operations at probe hits are counted, not sampled.
-    let counted = if profile.kind == ProfileKind::Latency {
-        "count"
-    } else {
-        "samples"
-    };
-    let mut sample_type = match profile.kind {
-        // As runtime/pprof writes them: no "samples" first.
-        ProfileKind::Heap | ProfileKind::Goroutine => Vec::new(),
-        _ => vec![value_type(&mut strings, counted, "count")],
-    };
-    let mut default_sample_type = 0;
-    let period_type = match profile.kind {
-        ProfileKind::Heap => {
-            for (t, u) in [
-                ("alloc_objects", "count"),
-                ("alloc_space", "bytes"),
-                ("inuse_objects", "count"),
-                ("inuse_space", "bytes"),
-            ] {
-                sample_type.push(value_type(&mut strings, t, u));
-            }
-            value_type(&mut strings, "space", "bytes")
-        }
-        ProfileKind::Goroutine => {
-            sample_type.push(value_type(&mut strings, "goroutine", "count"));
-            value_type(&mut strings, "goroutine", "count")
-        }
-        ProfileKind::Cpu => {
-            sample_type.push(value_type(&mut strings, "cpu", "nanoseconds"));
-            value_type(&mut strings, "cpu", "nanoseconds")
-        }
-        ProfileKind::OffCpu => {
-            sample_type.push(value_type(&mut strings, "cpu", "nanoseconds"));
-            sample_type.push(value_type(&mut strings, "off_cpu", "nanoseconds"));
-            default_sample_type = strings.get("off_cpu");
-            value_type(&mut strings, "cpu", "nanoseconds")
-        }
-        ProfileKind::Wall => {
-            sample_type.push(value_type(&mut strings, "wall", "nanoseconds"));
-            default_sample_type = strings.get("wall");
-            value_type(&mut strings, "wall", "nanoseconds")
-        }
-        ProfileKind::Latency => {
-            sample_type.push(value_type(&mut strings, "latency", "nanoseconds"));
-            default_sample_type = strings.get("latency");
-            value_type(&mut strings, "latency", "nanoseconds")
-        }
-    };
-    let period_type = Some(period_type);
-    let values = |s: &super::Sample| {
-        let cpu = s.count as i64 * profile.period_ns;
-        match profile.kind {
-            ProfileKind::Cpu => vec![s.count as i64, cpu],
-            ProfileKind::OffCpu => vec![s.count as i64, cpu, s.off_cpu_ns as i64],
-            ProfileKind::Wall => vec![s.count as i64, profile.wall_ns(s) as i64],
-            ProfileKind::Latency => vec![s.count as i64, s.off_cpu_ns as i64],
-            ProfileKind::Heap | ProfileKind::Goroutine => s.values.clone(),
-        }
-    };
-
+    let header = Header::of(profile, &mut strings);
     let sample = profile
         .samples
         .iter()
-        .map(|s| {
-            let mut label: Vec<proto::Label> = s
-                .labels
-                .iter()
-                .map(|(k, v)| proto::Label {
-                    key: strings.get(k),
-                    str: strings.get(v),
-                    ..Default::default()
-                })
-                .collect();
-            for (k, n, unit) in &s.numeric_labels {
-                label.push(proto::Label {
-                    key: strings.get(k),
-                    num: *n,
-                    num_unit: strings.get(unit),
-                    ..Default::default()
-                });
+        .map(|s| proto_sample(profile, s, &mut strings))
+        .collect();
+    let mut message = rest(profile, header, strings);
+    message.sample = sample;
+    message
+}
+
+/// The sample and period types, and the default sample type.
+struct Header {
+    sample_type: Vec<proto::ValueType>,
+    period_type: proto::ValueType,
+    default_sample_type: i64,
+}
+
+impl Header {
+    fn of(profile: &Profile, strings: &mut Strings) -> Header {
+        let value_type = |strings: &mut Strings, t: &str, u: &str| proto::ValueType {
+            r#type: strings.get(t),
+            unit: strings.get(u),
+        };
+        // Operations at probe hits are counted, not sampled.
+        let counted = if profile.kind == ProfileKind::Latency {
+            "count"
+        } else {
+            "samples"
+        };
+        let mut sample_type = match profile.kind {
+            // As runtime/pprof writes them: no "samples" first.
+            ProfileKind::Heap | ProfileKind::Goroutine => Vec::new(),
+            _ => vec![value_type(strings, counted, "count")],
+        };
+        let mut default_sample_type = 0;
+        let period_type = match profile.kind {
+            ProfileKind::Heap => {
+                for (t, u) in [
+                    ("alloc_objects", "count"),
+                    ("alloc_space", "bytes"),
+                    ("inuse_objects", "count"),
+                    ("inuse_space", "bytes"),
+                ] {
+                    sample_type.push(value_type(strings, t, u));
+                }
+                value_type(strings, "space", "bytes")
             }
-            proto::Sample {
-                location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
-                value: values(s),
-                label,
+            ProfileKind::Goroutine => {
+                sample_type.push(value_type(strings, "goroutine", "count"));
+                value_type(strings, "goroutine", "count")
             }
+            ProfileKind::Cpu => {
+                sample_type.push(value_type(strings, "cpu", "nanoseconds"));
+                value_type(strings, "cpu", "nanoseconds")
+            }
+            ProfileKind::OffCpu => {
+                sample_type.push(value_type(strings, "cpu", "nanoseconds"));
+                sample_type.push(value_type(strings, "off_cpu", "nanoseconds"));
+                default_sample_type = strings.get("off_cpu");
+                value_type(strings, "cpu", "nanoseconds")
+            }
+            ProfileKind::Wall => {
+                sample_type.push(value_type(strings, "wall", "nanoseconds"));
+                default_sample_type = strings.get("wall");
+                value_type(strings, "wall", "nanoseconds")
+            }
+            ProfileKind::Latency => {
+                sample_type.push(value_type(strings, "latency", "nanoseconds"));
+                default_sample_type = strings.get("latency");
+                value_type(strings, "latency", "nanoseconds")
+            }
+        };
+        Header {
+            sample_type,
+            period_type,
+            default_sample_type,
+        }
+    }
+}
+
+/// One sample's message; its label strings join the table.
+fn proto_sample(profile: &Profile, s: &super::Sample, strings: &mut Strings) -> proto::Sample {
+    let cpu = s.count as i64 * profile.period_ns;
+    let value = match profile.kind {
+        ProfileKind::Cpu => vec![s.count as i64, cpu],
+        ProfileKind::OffCpu => vec![s.count as i64, cpu, s.off_cpu_ns as i64],
+        ProfileKind::Wall => vec![s.count as i64, profile.wall_ns(s) as i64],
+        ProfileKind::Latency => vec![s.count as i64, s.off_cpu_ns as i64],
+        ProfileKind::Heap | ProfileKind::Goroutine => s.values.clone(),
+    };
+    let mut label: Vec<proto::Label> = s
+        .labels
+        .iter()
+        .map(|(k, v)| proto::Label {
+            key: strings.get(k),
+            str: strings.get(v),
+            ..Default::default()
         })
         .collect();
+    for (k, n, unit) in &s.numeric_labels {
+        label.push(proto::Label {
+            key: strings.get(k),
+            num: *n,
+            num_unit: strings.get(unit),
+            ..Default::default()
+        });
+    }
+    proto::Sample {
+        location_id: s.locations.iter().map(|&l| l as u64 + 1).collect(),
+        value,
+        label,
+    }
+}
 
+/// Everything but the samples: mappings, locations, functions, comments
+/// and the string table (which must come after every other user of it).
+fn rest(profile: &Profile, header: Header, mut strings: Strings) -> proto::Profile {
     let has_lines = |mapping: usize| {
         profile
             .locations
@@ -209,29 +233,53 @@ pub fn to_proto(profile: &Profile) -> proto::Profile {
     let comment = profile.comments.iter().map(|c| strings.get(c)).collect();
 
     proto::Profile {
-        sample_type,
-        sample,
+        sample_type: header.sample_type,
+        sample: Vec::new(),
         mapping,
         location,
         function,
         string_table: strings.table,
         time_nanos: profile.start_unix_ns,
         duration_nanos: profile.duration_ns,
-        period_type,
+        period_type: Some(header.period_type),
         period: profile.period_ns,
         comment,
-        default_sample_type,
+        default_sample_type: header.default_sample_type,
         ..Default::default()
     }
 }
 
 /// The gzip-compressed protobuf bytes, as `go tool pprof` reads them.
+///
+/// Each sample is encoded and compressed as it is converted, so neither
+/// all the samples' messages nor the whole uncompressed profile are ever
+/// held at once: with tens of thousands of deep stacks those were most of
+/// `record`'s peak memory. Protobuf lets a message's fields come in any
+/// order and repeated ones be spread out, so the samples go first and the
+/// rest (string table last) after them.
 pub fn encode_gzip(profile: &Profile) -> std::io::Result<Vec<u8>> {
-    let bytes = prost::Message::encode_to_vec(&to_proto(profile));
-    let mut gz = GzEncoder::new(Vec::with_capacity(bytes.len() / 4), Compression::default());
-    gz.write_all(&bytes)?;
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    let mut strings = Strings::new();
+    let header = Header::of(profile, &mut strings);
+    let mut buffer = Vec::new();
+    for sample in &profile.samples {
+        buffer.clear();
+        prost::encoding::message::encode(
+            SAMPLE_FIELD,
+            &proto_sample(profile, sample, &mut strings),
+            &mut buffer,
+        );
+        gz.write_all(&buffer)?;
+    }
+    buffer.clear();
+    prost::Message::encode(&rest(profile, header, strings), &mut buffer)
+        .map_err(std::io::Error::other)?;
+    gz.write_all(&buffer)?;
     gz.finish()
 }
+
+/// `Profile.sample`'s field number in profile.proto.
+const SAMPLE_FIELD: u32 = 2;
 
 /// Decodes gzip-compressed (or plain) pprof bytes; a broken gzip stream
 /// or protobuf is `InvalidData`.
@@ -357,6 +405,18 @@ mod tests {
         let folded = crate::folded::encode(&profile);
         assert_eq!(folded.lines().count(), 1, "{folded}");
         assert!(folded.ends_with(" 2500\n"), "{folded}");
+    }
+
+    #[test]
+    fn streamed_samples_decode_to_the_whole_message() {
+        let mut profile = sample_profile();
+        let mut other = profile.samples[0].clone();
+        other.locations = vec![1];
+        other.labels.push(("endpoint".into(), "/checkout".into()));
+        profile.samples.push(other);
+        let decoded = decode(&encode_gzip(&profile).unwrap()).unwrap();
+        assert_eq!(decoded, to_proto(&profile));
+        assert_eq!(decoded.sample.len(), 2);
     }
 
     #[test]
