@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::kubernetes::{PodContainer, PodIndex};
-use profiler_profile::Profile;
+use profiler_profile::{LabelText, Profile};
 use profiler_symbolize::process::{self, ContainerInfo};
 
 /// One process's labels.
@@ -107,31 +107,43 @@ impl MetadataCache {
     /// every sample, next to the `pid`, `comm`, `tid` and `thread` labels
     /// it has, so `go tool pprof -tagfocus` and backends can slice by them.
     pub fn label(&mut self, profile: &mut Profile, node: &str) {
+        // One set of shared strings per process: the samples of a process
+        // all carry the same ones.
+        let node: LabelText = node.into();
+        let mut by_pid: HashMap<u32, Vec<(LabelText, LabelText)>> = HashMap::new();
         for sample in &mut profile.samples {
             let Some(pid) = sample.label("pid").and_then(|p| p.parse::<u32>().ok()) else {
                 continue;
             };
-            let service = self.service(pid);
-            let pod = self.pod(pid);
-            let meta = self.get(pid);
-            sample.labels.push(("service_name".into(), service));
-            sample.labels.push(("node".into(), node.to_string()));
-            if let Some(container) = &meta.container {
-                sample
-                    .labels
-                    .push(("container_id".into(), container.id.clone()));
-                if let Some(uid) = &container.pod_uid {
-                    sample.labels.push(("pod_uid".into(), uid.clone()));
-                }
-            }
-            if let Some(pod) = pod {
-                sample.labels.push(("namespace".into(), pod.namespace));
-                sample.labels.push(("pod".into(), pod.pod));
-                if !pod.container.is_empty() {
-                    sample.labels.push(("container".into(), pod.container));
-                }
+            let labels = by_pid
+                .entry(pid)
+                .or_insert_with(|| self.labels_of(pid, &node));
+            sample.labels.extend(labels.iter().cloned());
+        }
+    }
+
+    fn labels_of(&mut self, pid: u32, node: &LabelText) -> Vec<(LabelText, LabelText)> {
+        let service = self.service(pid);
+        let pod = self.pod(pid);
+        let meta = self.get(pid);
+        let mut labels: Vec<(LabelText, LabelText)> = vec![
+            ("service_name".into(), service.into()),
+            ("node".into(), node.clone()),
+        ];
+        if let Some(container) = &meta.container {
+            labels.push(("container_id".into(), container.id.as_str().into()));
+            if let Some(uid) = &container.pod_uid {
+                labels.push(("pod_uid".into(), uid.as_str().into()));
             }
         }
+        if let Some(pod) = pod {
+            labels.push(("namespace".into(), pod.namespace.into()));
+            labels.push(("pod".into(), pod.pod.into()));
+            if !pod.container.is_empty() {
+                labels.push(("container".into(), pod.container.into()));
+            }
+        }
+        labels
     }
 }
 

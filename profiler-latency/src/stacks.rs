@@ -296,7 +296,7 @@ fn without_thread_labels(profile: &mut Profile) {
     for sample in &mut profile.samples {
         sample
             .labels
-            .retain(|(key, value)| !matches!(key.as_str(), "tid" | "thread") && !value.is_empty());
+            .retain(|(key, value)| !matches!(&**key, "tid" | "thread") && !value.is_empty());
     }
 }
 
@@ -367,18 +367,15 @@ mod tests {
                 labels: vec![
                     ("pid".into(), "42".into()),
                     ("tid".into(), "0".into()),
-                    ("comm".into(), String::new()),
-                    ("thread".into(), String::new()),
+                    ("comm".into(), "".into()),
+                    ("thread".into(), "".into()),
                 ],
                 ..Default::default()
             }],
             ..Profile::default()
         };
         without_thread_labels(&mut profile);
-        assert_eq!(
-            profile.samples[0].labels,
-            [("pid".to_string(), "42".to_string())]
-        );
+        assert_eq!(profile.samples[0].labels, [("pid".into(), "42".into())]);
     }
 
     #[test]

@@ -12,6 +12,9 @@ pub mod pprof;
 
 pub use builder::ProfileBuilder;
 
+/// A sample label's key or value.
+pub type LabelText = std::sync::Arc<str>;
+
 use std::path::Path;
 
 /// What a profile's samples measure.
@@ -152,8 +155,11 @@ pub struct Sample {
     /// Nanoseconds off-CPU (blocked or waiting for a CPU); 0 for CPU
     /// samples.
     pub off_cpu_ns: u64,
-    /// String labels, e.g. ("pid", "1234"), ("comm", "nginx").
-    pub labels: Vec<(String, String)>,
+    /// String labels, e.g. ("pid", "1234"), ("comm", "nginx"). Shared
+    /// strings: a profile of tens of thousands of stacks repeats the same
+    /// few keys and values in every sample, and one allocation per string
+    /// per sample was most of `record`'s peak memory.
+    pub labels: Vec<(LabelText, LabelText)>,
     /// The sample's values for the kinds that have their own (`Heap`,
     /// `Goroutine`); empty for the others, whose values are `count` and
     /// `off_cpu_ns`.
@@ -167,8 +173,8 @@ impl Sample {
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels
             .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+            .find(|(k, _)| &**k == key)
+            .map(|(_, v)| &**v)
     }
 }
 

@@ -295,7 +295,7 @@ impl Builder {
                 let attribute_indices = s
                     .labels
                     .iter()
-                    .filter(|(k, _)| !resource_keys.contains(&k.as_str()))
+                    .filter(|(k, _)| !resource_keys.contains(&&**k))
                     .map(|(k, v)| self.attribute(attribute_key(k), attribute_value(k, v)))
                     .collect();
                 otlp::Sample {

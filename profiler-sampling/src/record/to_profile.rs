@@ -1,10 +1,10 @@
 //! From a recording to a symbolized `Profile`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use profiler_profile::{
-    FrameType, Function, Location, Mapping, Profile, ProfileBuilder, ProfileKind, Sample,
+    FrameType, Function, LabelText, Location, Mapping, Profile, ProfileBuilder, ProfileKind, Sample,
 };
 use profiler_runtimes::RuntimeFrames;
 use profiler_symbolize::NameSource;
@@ -13,6 +13,32 @@ use profiler_symbolize::{Symbolized, Symbolizer};
 use profiler_unwind::UserFrame;
 
 use super::{Recording, StackCounts, StackKey, wait};
+
+/// Label keys and values, each allocated once per profile and shared by
+/// every sample that carries it.
+#[derive(Default)]
+struct Texts {
+    strings: HashMap<Box<str>, LabelText>,
+    numbers: HashMap<u32, LabelText>,
+}
+
+impl Texts {
+    fn get(&mut self, text: &str) -> LabelText {
+        if let Some(shared) = self.strings.get(text) {
+            return shared.clone();
+        }
+        let shared = LabelText::from(text);
+        self.strings.insert(text.into(), shared.clone());
+        shared
+    }
+
+    fn number(&mut self, n: u32) -> LabelText {
+        self.numbers
+            .entry(n)
+            .or_insert_with(|| n.to_string().into())
+            .clone()
+    }
+}
 
 /// Locations are per process and address (and whether the address is a
 /// return address, which changes what it is looked up as).
@@ -127,39 +153,48 @@ pub fn build_profile_of<'a>(
     // one compilation unit then come together, and the DWARF resolver
     // parses each unit once instead of once per visit (its unit cache is
     // small on purpose).
-    let mut frames: Vec<(u32, profiler_unwind::RawFrame)> = stacks
+    // (Distinct frames only: every stack's frames at once would be
+    // megabytes of repeats.)
+    let distinct: HashSet<(u32, u64, u64)> = stacks
         .iter()
-        .flat_map(|(key, _)| profiler_unwind::frames(&key.user).map(move |f| (key.pid, f)))
+        .flat_map(|(key, _)| {
+            profiler_unwind::frames(&key.user).map(move |f| (key.pid, f.lookup_pc, f.pc))
+        })
         .collect();
-    frames.sort_by_key(|(pid, f)| (*pid, f.lookup_pc, f.pc));
-    frames.dedup_by_key(|(pid, f)| (*pid, f.lookup_pc, f.pc));
+    let mut frames: Vec<(u32, u64, u64)> = distinct.into_iter().collect();
+    frames.sort_unstable();
     let mut resolved: HashMap<(u32, u64, u64), Symbolized> = HashMap::with_capacity(frames.len());
-    for (pid, frame) in frames {
-        let symbolized = symbolizer.user(processes.get(pid), frame.pc, frame.lookup_pc);
-        resolved.insert((pid, frame.pc, frame.lookup_pc), symbolized);
+    for (pid, lookup_pc, pc) in frames {
+        let symbolized = symbolizer.user(processes.get(pid), pc, lookup_pc);
+        resolved.insert((pid, pc, lookup_pc), symbolized);
     }
+    // Every user frame is named: the pages of the binaries and debug files
+    // read for them go back (they stay in the page cache), so they do not
+    // add to the memory the samples and the encoding take next.
+    symbolizer.release_mapped_pages();
 
+    let mut texts = Texts::default();
+    let own_keys = ["pid", "tid", "comm", "thread"].map(|k| texts.get(k));
     for (key, counts) in stacks {
         let process = processes.get(key.pid);
         let thread = key.thread_name();
         let comm = process
-            .map(|p| p.name.clone())
+            .map(|p| p.name.as_str())
             .filter(|name| !name.is_empty())
-            .unwrap_or_else(|| thread.clone());
+            .unwrap_or(&thread);
+        let [pid, tid, comm_key, thread_key] = own_keys.clone();
         let mut labels = vec![
-            ("pid".into(), key.pid.to_string()),
-            ("tid".into(), key.tid.to_string()),
-            ("comm".into(), comm),
-            ("thread".into(), thread),
+            (pid, texts.number(key.pid)),
+            (tid, texts.number(key.tid)),
+            (comm_key, texts.get(comm)),
+            (thread_key, texts.get(&thread)),
         ];
         // A Go label never hides the agent's own (pid, comm, ...).
-        labels.extend(
-            key.labels
-                .iter()
-                .filter(|(k, _)| !labels.iter().any(|(own, _)| own == k))
-                .cloned()
-                .collect::<Vec<_>>(),
-        );
+        for (k, v) in &key.labels {
+            if !labels.iter().any(|(own, _)| **own == **k) {
+                labels.push((texts.get(k), texts.get(v)));
+            }
+        }
         let kernel: Vec<profiler_unwind::RawFrame> =
             profiler_unwind::kernel_frames(&key.kernel).collect();
         let mut user = Vec::with_capacity(key.user.len());
@@ -234,7 +269,7 @@ pub fn build_profile_of<'a>(
                 continue;
             }
             let mut labels = labels.clone();
-            labels.push(("wait".into(), reason.label().into()));
+            labels.push((texts.get("wait"), texts.get(reason.label())));
             builder.sample(Sample {
                 locations: locations.clone(),
                 count: 0,

@@ -847,7 +847,10 @@ pub fn goroutine_profile(
         builder.sample(Sample {
             locations,
             values: vec![count],
-            labels,
+            labels: labels
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
             ..Sample::default()
         });
     }
