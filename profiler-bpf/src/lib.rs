@@ -7,10 +7,12 @@
 //!   (`profiler-ebpf/src/main.rs`);
 //! - [`LATENCY_OBJECT`]: the probes' programs (`profiler-ebpf/src/latency`);
 //! - [`loading`]: the memlock limit and aya's errors in one line;
-//! - [`btf`]: field offsets of the running kernel's structs.
+//! - [`btf`]: field offsets of the running kernel's structs;
+//! - [`stack_budget`]: each program's stack as the verifier adds it up.
 
 pub mod btf;
 pub mod loading;
+pub mod stack_budget;
 
 /// The sampling object: `sample_stack` and the off-CPU tracepoints.
 #[cfg(feature = "objects")]

@@ -371,6 +371,35 @@ fn share(stacks: &[Stack], keep: impl Fn(&Stack) -> bool) -> f64 {
     kept as f64 / total.max(1) as f64
 }
 
+/// The arm64 build's BPF objects fit the verifier's stack budget as the
+/// guest's 6.1 kernel adds it up (a program, its loop callback and their
+/// calls: 512 bytes, each function's stack rounded up to 32): the answer
+/// in a second, and the chain that is too deep, where the guest would
+/// only refuse the program minutes into the boot.
+#[test]
+fn arm64_bpf_programs_fit_the_verifiers_stack_budget() {
+    let agent = arm64_agent();
+    let build = agent.parent().unwrap().join("build");
+    for object in ["profiler", "latency"] {
+        let newest = std::fs::read_dir(&build)
+            .unwrap_or_else(|e| panic!("{}: {e}", build.display()))
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("profiler-bpf-"))
+            .map(|e| e.path().join("out").join(object))
+            .filter(|p| p.exists())
+            .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+        let path = newest.unwrap_or_else(|| {
+            panic!(
+                "no arm64 BPF object `{object}` under {}/profiler-bpf-*/out",
+                build.display()
+            )
+        });
+        let elf = std::fs::read(&path).unwrap();
+        let over = profiler_bpf::stack_budget::over_budget(&elf).unwrap();
+        assert!(over.is_empty(), "{}:\n{}", path.display(), over.join("\n"));
+    }
+}
+
 #[test]
 fn arm64_c_with_frame_pointers_has_the_split_and_complete_chains() {
     let (s, _) = scenario("c-fp");
