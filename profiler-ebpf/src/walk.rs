@@ -3,7 +3,7 @@
 //! (`runtimes::*`) read and move the same state.
 
 use aya_ebpf::helpers::bpf_probe_read_user;
-use profiler_common::runtimes::hotspot::{BLOB_WINDOW, JvmProcess};
+use profiler_common::runtimes::hotspot::{BLOB_WINDOW, INTERPRETER_WORDS, JvmProcess};
 use profiler_common::runtimes::python::PyProcess;
 use profiler_common::unwind::{UnwindMapping, UnwindRule, UserStackEnd};
 use profiler_common::{MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample};
@@ -85,7 +85,7 @@ pub(crate) struct WalkState {
     /// The blob header being read.
     pub(crate) jvm_window: [u8; BLOB_WINDOW],
     /// The interpreter frame being read.
-    pub(crate) jvm_frame: [u64; crate::runtimes::hotspot::INTERPRETER_WORDS],
+    pub(crate) jvm_frame: [u64; INTERPRETER_WORDS],
 }
 
 pub(crate) enum Step {

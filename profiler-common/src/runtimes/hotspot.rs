@@ -140,3 +140,8 @@ pub const JVM_FLAG_BLOCK_LENGTH_32: u16 = 1 << 3;
 /// field it needs lies below (JDK 17's `_frame_size` at 28, 21's at 88,
 /// 25's code offset at 36).
 pub const BLOB_WINDOW: usize = 104;
+
+/// Words of an interpreter frame the walker reads at once: from 9 words
+/// below the frame pointer (the deepest slot used, arm64's bytecode
+/// pointer) to the return address above it.
+pub const INTERPRETER_WORDS: usize = 11;

@@ -27,10 +27,11 @@ use aya_ebpf::{
     maps::HashMap,
 };
 use profiler_common::runtimes::hotspot::{
-    BLOB_WINDOW, JVM_ADDRESS_MASK, JVM_CUT_NO_BLOB, JVM_CUT_NO_CALLER, JVM_CUT_READ_FAULT,
-    JVM_EXACT, JVM_FLAG_CODE_OFFSET, JVM_FLAG_FRAME_COMPLETE_16, JVM_FLAG_VERIFIED_ENTRY_OFFSET,
-    JVM_FRAME_TAG, JVM_KIND_COMPILED, JVM_KIND_CUT, JVM_KIND_INTERPRETED, JVM_KIND_SHIFT,
-    JvmProcess, MAX_COMPILED_FRAME, MAX_JVM_HEAPS, MAX_JVM_PROCESSES, MAX_SEGMENT_HOPS,
+    BLOB_WINDOW, INTERPRETER_WORDS, JVM_ADDRESS_MASK, JVM_CUT_NO_BLOB, JVM_CUT_NO_CALLER,
+    JVM_CUT_READ_FAULT, JVM_EXACT, JVM_FLAG_CODE_OFFSET, JVM_FLAG_FRAME_COMPLETE_16,
+    JVM_FLAG_VERIFIED_ENTRY_OFFSET, JVM_FRAME_TAG, JVM_KIND_COMPILED, JVM_KIND_CUT,
+    JVM_KIND_INTERPRETED, JVM_KIND_SHIFT, JvmProcess, MAX_COMPILED_FRAME, MAX_JVM_HEAPS,
+    MAX_JVM_PROCESSES, MAX_SEGMENT_HOPS,
 };
 use profiler_common::unwind::UserStackEnd;
 use profiler_common::{Counter, Sample};
@@ -50,11 +51,7 @@ pub(crate) const JVM_ON: u32 = 1;
 /// It is not (or its Java part was cut): every frame is native.
 pub(crate) const JVM_OFF: u32 = 2;
 
-/// Words of an interpreter frame read at once: from 9 words below the
-/// frame pointer (the deepest slot used, arm64's bytecode pointer) to the
-/// return address above it.
-pub(crate) const INTERPRETER_WORDS: usize = 11;
-/// The frame pointer's word in that window.
+/// The frame pointer's word in the interpreter window (`INTERPRETER_WORDS`).
 const FP_WORD: usize = 9;
 
 /// The Java frame at `state.pc`, and its caller; None when the PC is not
