@@ -18,7 +18,9 @@ use super::{Recording, StackCounts, StackKey, wait};
 /// every sample that carries it.
 #[derive(Default)]
 struct Texts {
-    strings: HashMap<Box<str>, LabelText>,
+    /// Looked up by `&str` (an `Arc<str>` borrows as one): one allocation
+    /// per distinct text.
+    strings: HashSet<LabelText>,
     numbers: HashMap<u32, LabelText>,
 }
 
@@ -28,7 +30,7 @@ impl Texts {
             return shared.clone();
         }
         let shared = LabelText::from(text);
-        self.strings.insert(text.into(), shared.clone());
+        self.strings.insert(shared.clone());
         shared
     }
 
