@@ -193,11 +193,31 @@ fn check_cpp_fixture(opt: &str) {
     // the tables of everything mapped at the start.
     let running = Running::start(&binary, &[plugin.to_str().unwrap(), "1.5", "30"]);
     let (profile, report, perf_stacks) = profile_with_perf(running.pid(), dir.path());
-    let stacks = stacks(&profile);
+    let all = stacks(&profile);
+    // A sample taken while libgcc installs a handler cannot be unwound by
+    // anyone: `_Unwind_RaiseException`'s return address already points at
+    // the landing pad in `throw_path` (not at `__cxa_throw`), and its frame
+    // is not yet where that address says. perf --call-graph dwarf cuts these
+    // samples the same way (19 of 7989 in an 8 s recording of this
+    // fixture). They are left out of the share below, and must stay rare:
+    // a wrong rule in the unwinder would cut far more.
+    let installing = |s: &Stack| {
+        s.frames
+            .windows(2)
+            .any(|w| w[0].0 == "_Unwind_RaiseException" && w[1].0.starts_with("throw_path"))
+    };
+    let (caught, stacks): (Vec<Stack>, Vec<Stack>) = all.into_iter().partition(installing);
+    let caught: i64 = caught.iter().map(|s| s.count).sum();
     let (complete, total) = share_complete_to_main(&stacks);
     println!(
-        "{opt}: {total} samples, {:.1}% complete to main\n{report}",
+        "{opt}: {total} samples, {:.1}% complete to main ({caught} caught while the unwinder \
+         installed a handler, left out)\n{report}",
         100.0 * complete
+    );
+    assert!(
+        caught * 100 <= total,
+        "{caught} of {total} samples caught while the unwinder installed a handler: \
+         more than perf's 0.3%, a wrong rule in libgcc?\n{report}"
     );
     // Samples in the plugin between its dlopen and its table reaching the
     // kernel are cut at the plugin (the agent reads the new mapping when

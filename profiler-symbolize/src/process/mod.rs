@@ -72,6 +72,14 @@ pub struct Process {
     /// by every re-read that found them unchanged, reset by one that did
     /// not.
     refresh_after: Duration,
+    /// The same wait for re-reads asked for by a stack whose leaf is
+    /// outside every mapping, kept apart from `refresh_after`: a leaf is
+    /// code running now, so new code (a dlopen) shows first there, while
+    /// garbage callers (a walk through a bad frame pointer, an exception
+    /// handler rewriting its frames) back `refresh_after` off to seconds.
+    /// It grows only when leaves outside every mapping keep finding
+    /// nothing new.
+    leaf_refresh_after: Duration,
 }
 
 impl Process {
@@ -87,6 +95,7 @@ impl Process {
             maps_read_at: Instant::now(),
             maps_checked_at: Instant::now(),
             refresh_after: MAPS_REFRESH_INTERVAL,
+            leaf_refresh_after: MAPS_REFRESH_INTERVAL,
         }
     }
 
@@ -186,7 +195,9 @@ impl ProcessTable {
     /// Captures `pid` on first sight; later, re-reads its maps when one of
     /// `user_pcs` is outside every known mapping (at most once every
     /// `MAPS_REFRESH_INTERVAL`, less often while re-reads find nothing
-    /// new). Returns true when it (re)read the process's mappings.
+    /// new; a stack whose leaf is outside has a wait of its own, which
+    /// garbage callers do not lengthen). Returns true when it (re)read the
+    /// process's mappings.
     pub fn observe(&mut self, pid: u32, user_pcs: &[u64]) -> bool {
         self.observe_stack(pid, user_pcs, true)
     }
@@ -201,19 +212,34 @@ impl ProcessTable {
     /// later check samples one of its stacks: soon for code that runs
     /// often, which is the code a profile is about.
     pub fn observe_stack(&mut self, pid: u32, user_pcs: &[u64], new: bool) -> bool {
+        // Which wait allowed the re-read: the leaf's or the callers'.
+        let mut for_leaf = false;
         let refresh = match self.processes.get_mut(&pid) {
             None => true,
             Some(process) => {
-                process.captured
-                    && (new || process.maps_checked_at.elapsed() >= MAPS_REFRESH_INTERVAL)
-                    && process.maps_read_at.elapsed() >= process.refresh_after
-                    && {
-                        if !new {
-                            process.maps_checked_at = Instant::now();
+                let since_read = process.maps_read_at.elapsed();
+                let leaf_unmapped = || {
+                    profiler_common::runtimes::native_pcs(user_pcs)
+                        .next()
+                        .is_some_and(|leaf| process.mapping_for(leaf).is_none())
+                };
+                if process.captured && since_read >= process.leaf_refresh_after && leaf_unmapped() {
+                    for_leaf = true;
+                    true
+                } else {
+                    process.captured
+                        && (new || process.maps_checked_at.elapsed() >= MAPS_REFRESH_INTERVAL)
+                        && since_read >= process.refresh_after
+                        && {
+                            if !new {
+                                process.maps_checked_at = Instant::now();
+                            }
+                            // The callers: the leaf has its own wait.
+                            profiler_common::runtimes::native_pcs(user_pcs)
+                                .skip(1)
+                                .any(|pc| process.mapping_for(pc).is_none())
                         }
-                        profiler_common::runtimes::native_pcs(user_pcs)
-                            .any(|pc| process.mapping_for(pc).is_none())
-                    }
+                }
             }
         };
         if !refresh {
@@ -229,13 +255,15 @@ impl ProcessTable {
             }
             Some(old) => {
                 let unchanged = same_mappings(&old.mappings, &process.mappings);
-                let refresh_after = if unchanged {
-                    (old.refresh_after * 2).min(MAPS_REFRESH_MAX)
-                } else {
-                    MAPS_REFRESH_INTERVAL
+                let backed_off = |wait: Duration| (wait * 2).min(MAPS_REFRESH_MAX);
+                let (refresh_after, leaf_refresh_after) = match (unchanged, for_leaf) {
+                    (false, _) => (MAPS_REFRESH_INTERVAL, MAPS_REFRESH_INTERVAL),
+                    (true, false) => (backed_off(old.refresh_after), old.leaf_refresh_after),
+                    (true, true) => (old.refresh_after, backed_off(old.leaf_refresh_after)),
                 };
                 *old = process;
                 old.refresh_after = refresh_after;
+                old.leaf_refresh_after = leaf_refresh_after;
                 // Registered again even when unchanged: a registry that
                 // could not read the process the first time (an
                 // interpreter with no threads yet) gets another try, at
@@ -294,6 +322,7 @@ impl ProcessTable {
             maps_read_at: Instant::now(),
             maps_checked_at: Instant::now(),
             refresh_after: MAPS_REFRESH_INTERVAL,
+            leaf_refresh_after: MAPS_REFRESH_INTERVAL,
         }
     }
 
@@ -387,7 +416,9 @@ mod retain_tests {
             process.maps_read_at -= by;
             process.maps_checked_at -= by;
         };
-        let outside = [0xc_u64];
+        // A walk through a garbage frame pointer: the leaf is known code,
+        // a caller is not.
+        let outside = [0x400010_u64, 0xc];
         age(&mut table, MAPS_REFRESH_INTERVAL);
         assert!(table.observe_stack(10, &outside, true), "read again");
         assert_eq!(
@@ -402,15 +433,30 @@ mod retain_tests {
             table.get(10).unwrap().refresh_after,
             2 * MAPS_REFRESH_INTERVAL
         );
-        // New code (a dlopen) is found once the wait is over.
+        // New code (a dlopen) running now, still within the callers' wait:
+        // a leaf outside every mapping has a wait of its own, so it is
+        // read at once.
         std::fs::write(dir.join("maps"), line(0x400000, 1) + &line(0x500000, 2)).unwrap();
-        age(&mut table, MAPS_REFRESH_INTERVAL);
-        assert!(table.observe_stack(10, &[0x500010], true), "new mapping");
+        assert!(
+            table.observe_stack(10, &[0x500010, 0x400020], true),
+            "new mapping"
+        );
         let process = table.get(10).unwrap();
         assert_eq!(process.mappings.len(), 2);
         assert_eq!(process.refresh_after, MAPS_REFRESH_INTERVAL);
+        assert_eq!(process.leaf_refresh_after, MAPS_REFRESH_INTERVAL);
         // A stack seen before is checked at most once per interval.
         assert!(!table.observe_stack(10, &outside, false));
+        // A leaf outside every mapping that re-reads keep not finding (code
+        // in memory /proc does not show, a forged pc) backs off too, and
+        // leaves the callers' wait as it was.
+        age(&mut table, MAPS_REFRESH_INTERVAL);
+        assert!(table.observe_stack(10, &[0xd, 0x400020], true));
+        let process = table.get(10).unwrap();
+        assert_eq!(process.leaf_refresh_after, 2 * MAPS_REFRESH_INTERVAL);
+        assert_eq!(process.refresh_after, MAPS_REFRESH_INTERVAL);
+        age(&mut table, MAPS_REFRESH_INTERVAL);
+        assert!(!table.observe_stack(10, &[0xd, 0x400020], false));
     }
 
     #[test]
