@@ -39,6 +39,11 @@ mod layout {
     /// kernel's own test for returning with SYSRET).
     pub const SYSCALL_CX: Option<(usize, usize)> = Some((11 - 1, 6 - 1));
     pub const FLAGS: usize = 18 - 1;
+    /// cs (pt_regs word 17): its privilege level is 3 in user mode.
+    pub const MODE_WORD: usize = 17;
+    pub fn user_mode(cs: u64) -> bool {
+        cs & 3 == 3
+    }
     /// orig_ax is a full word.
     pub const SYSCALL_NR_BITS: u32 = 64;
 
@@ -83,6 +88,12 @@ mod layout {
     pub const SYSCALL_NR: usize = 35 - 22;
     pub const SYSCALL_CX: Option<(usize, usize)> = None;
     pub const FLAGS: usize = 33 - 22; // pstate
+    /// pstate (pt_regs word 33): mode bits 0 in EL0 (AArch64 EL0t, and
+    /// AArch32 usr with the 32-bit bit above them).
+    pub const MODE_WORD: usize = 33;
+    pub fn user_mode(pstate: u64) -> bool {
+        pstate & 0xf == 0
+    }
     /// syscallno is 32 bits wide (the low half of its word).
     pub const SYSCALL_NR_BITS: u32 = 32;
 
@@ -152,6 +163,33 @@ pub struct SavedUser {
     /// It entered the kernel by a system call it is still in (not by an
     /// interrupt or an exception from user mode).
     pub in_system_call: bool,
+}
+
+/// The registers a perf event interrupted, when it interrupted user mode:
+/// then they are the task's user registers (no system call in progress)
+/// and its kernel stack is empty. Read straight from the program's context
+/// (`bpf_perf_event_data.regs`, loads the verifier rewrites), with no
+/// helper call; None in kernel mode (`saved_user` then).
+#[inline(always)]
+pub fn interrupted_user(regs: *const u64) -> Option<SavedUser> {
+    // SAFETY: `regs` is the perf-event context, whose first member is the
+    // interrupted pt_regs; the verifier checks every offset read.
+    let word = |index: usize| unsafe { core::ptr::read_volatile(regs.add(index)) };
+    if !layout::user_mode(word(layout::MODE_WORD)) {
+        return None;
+    }
+    let block = layout::BLOCK_START / 8;
+    Some(SavedUser {
+        regs: UserRegs {
+            pc: word(block + layout::PC),
+            sp: word(block + layout::SP),
+            fp: word(block + layout::FP),
+            go_g: word(block + layout::GO_G),
+            bcp: word(block + layout::BCP),
+            lr: layout::LR.map_or(0, |lr| word(block + lr)),
+        },
+        in_system_call: false,
+    })
 }
 
 /// Reads the current task's saved user registers (its `pt_regs` at the top

@@ -100,14 +100,22 @@ fn record_sample(ctx: &PerfEventContext) {
     // the duration of the program; every header field is written below.
     unsafe {
         let mut flags = 0u16;
+        // A sample of user code has no kernel stack, and its registers are
+        // the context's: no stack walk (the helper would also zero the
+        // whole 1 KiB it was given) and no read of the saved registers.
+        let interrupted_user = machine::interrupted_user(ctx.as_ptr().cast());
         // The kernel stack goes first in `frames`; the user stack follows
         // it, so the record is one contiguous run of frames.
-        let kernel = bpf_get_stack(
-            ctx.as_ptr(),
-            (*sample).frames.as_mut_ptr().cast(),
-            KERNEL_STACK_BYTES,
-            0,
-        );
+        let kernel = if interrupted_user.is_some() {
+            0
+        } else {
+            bpf_get_stack(
+                ctx.as_ptr(),
+                (*sample).frames.as_mut_ptr().cast(),
+                KERNEL_STACK_BYTES,
+                0,
+            )
+        };
         let kernel_frames = if kernel < 0 {
             flags |= SAMPLE_FLAG_KERNEL_STACK_FAILED;
             bump(Counter::KernelStackFailed);
@@ -118,7 +126,7 @@ fn record_sample(ctx: &PerfEventContext) {
         if kernel_frames > 0 {
             flags |= SAMPLE_FLAG_IN_KERNEL;
         }
-        let saved = machine::saved_user();
+        let saved = interrupted_user.unwrap_or_else(machine::saved_user);
         let regs = saved.regs;
         let walk = unwind::walk_user_stack(
             unwind::WALK_SAMPLING,
@@ -141,7 +149,8 @@ fn record_sample(ctx: &PerfEventContext) {
         // A goroutine's labels go after the last frame (the sample's
         // `tail` leaves room for them however many frames there are).
         if runtimes::go::labels::enabled()
-            && let Some((block, len)) = runtimes::go::labels::read(pid, &regs)
+            && let Some((block, len)) =
+                runtimes::go::labels::read(unwind::WALK_SAMPLING, pid, &regs)
             && len <= core::mem::size_of::<GoLabels>()
             && read_kernel_raw(
                 sample.cast::<u8>().add(record_len).cast(),

@@ -200,7 +200,13 @@ pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
         if walk.unknown_leaf {
             (*record).flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
         }
-        append_go_labels(record, pid, &saved.regs, kernel_frames + walk.frames);
+        append_go_labels(
+            unwind::WALK_SYSCALL,
+            record,
+            pid,
+            &saved.regs,
+            kernel_frames + walk.frames,
+        );
         emit(record, kernel_frames + walk.frames, walk.unknown_leaf);
         let _ = OFF_CPU_PENDING.remove(&tid);
         count_pending(-1);
@@ -337,7 +343,13 @@ fn walk_now(
         (*record).user_frames = walk.frames as u16;
         (*record).user_end = walk.end as u8;
         (*record).flags = flags;
-        append_go_labels(record, pid, regs, kernel_frames + walk.frames);
+        append_go_labels(
+            unwind::WALK_SCHEDULER,
+            record,
+            pid,
+            regs,
+            kernel_frames + walk.frames,
+        );
         if OFF_CPU_PENDING.insert(&tid, &*record, 0).is_err() {
             bump(Counter::OffCpuLost);
             return false;
@@ -531,17 +543,23 @@ unsafe fn add_interval(record: *mut Sample, now: u64, off: u64, runq: u64, weigh
 
 /// Appends the labels of the goroutine running on the current thread of
 /// `pid` (a registered Go process) after the record's first `frames`
-/// frames, and flags the record.
+/// frames, and flags the record; `context` is the walk context (`unwind`).
 ///
 /// # Safety
 /// `record` must point to a writable `Sample`.
 #[inline(always)]
-unsafe fn append_go_labels(record: *mut Sample, pid: u32, regs: &UserRegs, frames: u32) {
+unsafe fn append_go_labels(
+    context: u32,
+    record: *mut Sample,
+    pid: u32,
+    regs: &UserRegs,
+    frames: u32,
+) {
     if !runtimes::go::labels::enabled() {
         return;
     }
     let frames = (frames as usize).min(MAX_SAMPLE_FRAMES);
-    let Some((block, len)) = runtimes::go::labels::read(pid, regs) else {
+    let Some((block, len)) = runtimes::go::labels::read(context, pid, regs) else {
         return;
     };
     // SAFETY: the caller's promise; the block fits in the sample's `tail`

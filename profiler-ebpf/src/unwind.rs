@@ -27,7 +27,7 @@ use profiler_common::unwind::{
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
-use crate::walk::{Step, WalkState, read_pair, read_user, return_to};
+use crate::walk::{LOOKUPS_KEPT, Step, WalkState, read_pair, read_user, return_to};
 use crate::{bump, machine, runtimes, words};
 
 /// `BPF_F_MMAPABLE`: user space writes the tables through a shared
@@ -130,6 +130,11 @@ pub fn walk_user_stack(
         words::set(&raw mut (*state).mapping.end, 0);
         words::set(&raw mut (*state).first_mapping, 0);
         words::set(&raw mut (*state).mapping_count, 0);
+        for i in 0..LOOKUPS_KEPT {
+            if let Some(kept) = (*state).lookups.get_mut(i) {
+                words::set(kept, u64::MAX);
+            }
+        }
         words::set(&raw mut (*state).frames, 0);
         words::set(&raw mut (*state).kernel_frames, kernel_frames);
         words::set(&raw mut (*state).end, UserStackEnd::Truncated as u32);
@@ -411,10 +416,31 @@ fn signal_step(state: &mut WalkState) -> Result<Step, ()> {
 /// user space registered (with or without a table).
 #[inline(always)]
 fn find_rule(state: &mut WalkState, pc: u64) -> (UnwindRule, bool) {
-    if !(state.mapping.start <= pc && pc < state.mapping.end) && !find_mapping(state, pc) {
-        return (UnwindRule::default(), false);
+    let slot = ((pc ^ (pc >> 4) ^ (pc >> 8)) as usize) & (LOOKUPS_KEPT - 1);
+    if let (Some(&kept), Some(&rule)) = (state.lookups.get(slot), state.lookup_rules.get(slot))
+        && kept == pc
+    {
+        return (rule, state.lookups_mapped & (1 << slot) != 0);
     }
-    (rule_in_mapping(state, pc), true)
+    let found =
+        if !(state.mapping.start <= pc && pc < state.mapping.end) && !find_mapping(state, pc) {
+            (UnwindRule::default(), false)
+        } else {
+            (rule_in_mapping(state, pc), true)
+        };
+    if let (Some(kept), Some(rule)) = (
+        state.lookups.get_mut(slot),
+        state.lookup_rules.get_mut(slot),
+    ) {
+        *kept = pc;
+        *rule = found.0;
+        if found.1 {
+            state.lookups_mapped |= 1 << slot;
+        } else {
+            state.lookups_mapped &= !(1 << slot);
+        }
+    }
+    found
 }
 
 /// The rule for `pc` in the mapping cached in `state`.

@@ -5,10 +5,13 @@
 use aya_ebpf::helpers::bpf_probe_read_user;
 use profiler_common::runtimes::hotspot::{BLOB_WINDOW, INTERPRETER_WORDS, JvmProcess};
 use profiler_common::runtimes::python::PyProcess;
-use profiler_common::unwind::{UnwindMapping, UserStackEnd};
+use profiler_common::unwind::{UnwindMapping, UnwindRule, UserStackEnd};
 use profiler_common::{MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample};
 
 use crate::machine;
+
+/// Lookups a walk keeps (a power of two).
+pub(crate) const LOOKUPS_KEPT: usize = 8;
 
 /// The walk in progress on this CPU.
 #[repr(C)]
@@ -29,6 +32,15 @@ pub(crate) struct WalkState {
     pub(crate) mapping: UnwindMapping,
     pub(crate) first_mapping: u32,
     pub(crate) mapping_count: u32,
+    /// Addresses looked up in this walk (`LOOKUPS_KEPT`, by a hash of the
+    /// address; `u64::MAX` when empty), and what each lookup found: the
+    /// frames of a recursion share a few return addresses, and the table
+    /// search is the walk's dearest part.
+    pub(crate) lookups: [u64; LOOKUPS_KEPT],
+    pub(crate) lookup_rules: [UnwindRule; LOOKUPS_KEPT],
+    /// Bit i: `lookups[i]` was in a registered mapping.
+    pub(crate) lookups_mapped: u32,
+    pub(crate) _lookups_pad: u32,
     /// User frames written so far, after `kernel_frames` kernel frames.
     pub(crate) frames: u32,
     pub(crate) kernel_frames: u32,

@@ -34,9 +34,13 @@ static GO_LABELS: u8 = 0;
 #[map]
 static GO_PROCESSES: HashMap<u32, GoProcess> = HashMap::with_max_entries(MAX_GO_PROCESSES, 0);
 
-/// Where the labels are gathered before they are appended to the sample.
+/// Where the labels are gathered before they are appended to the sample:
+/// one block per program context (`unwind::WALK_*`) on each CPU. The
+/// scheduler's programs run while a `sys_exit` program may be in the
+/// middle of its labels, and the perf-event program while either is: a
+/// shared block could be appended half overwritten.
 #[map]
-static GO_LABELS_SCRATCH: PerCpuArray<GoLabels> = PerCpuArray::with_max_entries(1, 0);
+static GO_LABELS_SCRATCH: PerCpuArray<GoLabels> = PerCpuArray::with_max_entries(3, 0);
 
 /// `map[string]string` buckets (runtime/map.go, Go 1.19 to 1.23): eight
 /// tophash bytes, eight 16-byte keys, eight 16-byte values, the overflow
@@ -59,20 +63,21 @@ pub fn enabled() -> bool {
     unsafe { core::ptr::read_volatile(&GO_LABELS) != 0 }
 }
 
-/// Gathers the labels of the goroutine running on this thread of `pid`:
+/// Gathers the labels of the goroutine running on this thread of `pid`,
+/// in program context `context` (0 to 2: the walk contexts of `unwind`):
 /// the block to append and its length, or None (not a Go process, or no
 /// goroutine running).
 #[inline(always)]
-pub fn read(pid: u32, regs: &UserRegs) -> Option<(*const GoLabels, usize)> {
+pub fn read(context: u32, pid: u32, regs: &UserRegs) -> Option<(*const GoLabels, usize)> {
     // SAFETY: the value is copied out of the map.
     let process = *unsafe { GO_PROCESSES.get(&pid) }?;
-    let m = current_m(&process, regs)?;
-    let curg = read_word(m + process.m_curg as u64)?;
+    let curg = current_goroutine(&process, regs)?;
     if !plausible(curg) {
         return None;
     }
-    let block = GO_LABELS_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: this CPU's scratch value, ours for the program's duration.
+    let block = GO_LABELS_SCRATCH.get_ptr_mut(context)?;
+    // SAFETY: this CPU's block of this context, ours for the program's
+    // duration (a context does not interrupt itself).
     let labels = unsafe { &mut *block };
     labels.goid = read_word(curg + process.g_goid as u64).unwrap_or(0);
     labels.count = 0;
@@ -93,12 +98,13 @@ pub fn read(pid: u32, regs: &UserRegs) -> Option<(*const GoLabels, usize)> {
     Some((block, GoLabels::block_len(count)))
 }
 
-/// The thread's m: through the g register when it holds one of this
-/// thread's gs, else through thread-local storage.
+/// The thread's current goroutine (its m's `curg`): through the g
+/// register when it holds one of this thread's gs, else through
+/// thread-local storage.
 #[inline(always)]
-fn current_m(process: &GoProcess, regs: &UserRegs) -> Option<u64> {
-    if let Some(m) = m_of(process, regs.go_g) {
-        return Some(m);
+fn current_goroutine(process: &GoProcess, regs: &UserRegs) -> Option<u64> {
+    if let Some(found) = curg_of(process, regs.go_g) {
+        return Some(found);
     }
     if process.flags & GO_PROCESS_TLS == 0 {
         return None;
@@ -108,16 +114,17 @@ fn current_m(process: &GoProcess, regs: &UserRegs) -> Option<u64> {
         return None;
     }
     let g = read_word(thread_pointer.wrapping_add(process.tls_g_offset as u64))?;
-    m_of(process, g)
+    curg_of(process, g)
 }
 
-/// `g.m`, if `g` is a g running on that m: its g0, its current goroutine,
-/// or another g whose m's current goroutine runs on the same m (its signal
-/// goroutine `gsignal`, which the g register and TLS hold while a signal
-/// handler runs; the samples there are the interrupted goroutine's, as in
-/// Go's own profiles). A register that holds anything else fails this.
+/// `g.m.curg`, if `g` is a g running on that m: its current
+/// goroutine (most samples of Go code: checked first), its g0, or another
+/// g whose m's current goroutine runs on the same m (its signal goroutine
+/// `gsignal`, which the g register and TLS hold while a signal handler
+/// runs; the samples there are the interrupted goroutine's, as in Go's own
+/// profiles). A register that holds anything else fails this.
 #[inline(always)]
-fn m_of(process: &GoProcess, g: u64) -> Option<u64> {
+fn curg_of(process: &GoProcess, g: u64) -> Option<u64> {
     if !plausible(g) {
         return None;
     }
@@ -125,13 +132,13 @@ fn m_of(process: &GoProcess, g: u64) -> Option<u64> {
     if !plausible(m) {
         return None;
     }
-    let g0 = read_word(m)?;
-    if g0 == g {
-        return Some(m);
-    }
     let curg = read_word(m + process.m_curg as u64)?;
-    if curg == g || (plausible(curg) && read_word(curg + process.g_m as u64)? == m) {
-        Some(m)
+    if curg == g {
+        return Some(curg);
+    }
+    let g0 = read_word(m)?;
+    if g0 == g || (plausible(curg) && read_word(curg + process.g_m as u64)? == m) {
+        Some(curg)
     } else {
         None
     }
