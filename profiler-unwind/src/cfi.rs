@@ -93,10 +93,11 @@ pub enum CfiSource {
 /// `.debug_frame`. None when it has neither (or no FDE in them).
 pub fn rows_of(file: &object::File<'_>) -> Option<(ObjectTable, CfiStats, CfiSource)> {
     let arch = Arch::of(file)?;
+    let plt = plt_without_cfi(file, arch);
     if let Some((data, bases)) = profiler_symbolize::elf::fde::eh_frame_section(file) {
         let mut eh_frame = EhFrame::new(&data, gimli::LittleEndian);
         eh_frame.set_address_size(8);
-        let (table, stats) = convert(&eh_frame, &bases, arch);
+        let (table, stats) = convert_with(&eh_frame, &bases, arch, plt);
         if !table.is_empty() {
             return Some((table, stats, CfiSource::EhFrame));
         }
@@ -107,9 +108,35 @@ pub fn rows_of(file: &object::File<'_>) -> Option<(ObjectTable, CfiStats, CfiSou
     let data = section.uncompressed_data().ok()?;
     let mut debug_frame = DebugFrame::new(&data, gimli::LittleEndian);
     debug_frame.set_address_size(8);
-    let (table, stats) = convert(&debug_frame, &BaseAddresses::default(), arch);
+    let (table, stats) = convert_with(&debug_frame, &BaseAddresses::default(), arch, plt);
     (!table.is_empty()).then_some((table, stats, CfiSource::DebugFrame))
 }
+
+/// arm64's `.plt`, which linkers give no CFI: its stubs (`adrp`, `ldr`,
+/// `add`, `br`) touch neither SP nor x30, so a PC in one has its caller
+/// in the link register: CFA = SP, return address in x30. It is only ever
+/// a leaf, or the code a signal interrupted (x30 then comes from the
+/// signal frame). Without this rule such a PC fell back to the frame
+/// pointer, whose record skips the stub's caller (and, in code without
+/// frame pointers, more).
+fn plt_without_cfi(file: &object::File<'_>, arch: Arch) -> Option<(u64, u64)> {
+    if arch != Arch::Aarch64 {
+        return None;
+    }
+    let plt = file.section_by_name(".plt")?;
+    let end = plt.address().checked_add(plt.size())?;
+    (plt.address() > 0 && end > plt.address()).then_some((plt.address(), end))
+}
+
+/// The rule of a PC in arm64's `.plt` (`plt_without_cfi`).
+const AARCH64_PLT_RULE: UnwindRule = UnwindRule {
+    kind: RULE_CFA_SP,
+    flags: 0,
+    param: 0,
+    fp_offset: 0,
+    ra_offset: 0,
+    cfa_offset: 0,
+};
 
 /// One FDE's rows, before FDEs are put in address order.
 struct FdeRows {
@@ -128,8 +155,33 @@ where
     R: Reader<Offset = usize>,
     S: UnwindSection<R>,
 {
+    convert_with(section, bases, arch, None)
+}
+
+/// `convert`, with arm64's `.plt` (`plt`: its start and end) covered by
+/// `AARCH64_PLT_RULE` where no FDE covers it.
+fn convert_with<R, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    arch: Arch,
+    plt: Option<(u64, u64)>,
+) -> (ObjectTable, CfiStats)
+where
+    R: Reader<Offset = usize>,
+    S: UnwindSection<R>,
+{
     let mut stats = CfiStats::default();
     let mut fdes: Vec<FdeRows> = Vec::new();
+    if let Some((start, end)) = plt {
+        fdes.push(FdeRows {
+            start,
+            end,
+            rows: vec![TableRow {
+                address: start,
+                rule: AARCH64_PLT_RULE,
+            }],
+        });
+    }
     let mut context = Box::new(UnwindContext::new());
     let mut entries = section.entries(bases);
     loop {

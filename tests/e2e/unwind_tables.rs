@@ -326,6 +326,33 @@ fn arm64_cfi_rows_equal_readelfs_interpretation() {
         .find(|r| r.ra_offset != 0)
         .expect("level4 saves its return address");
     assert!(saved.ra_offset < 0 && saved.fp_offset < 0, "{saved:?}");
+    // The PLT has no CFI on arm64; its stubs leave the caller in x30 (a
+    // signal can interrupt one: the walk then continues from x30).
+    let headers = run_tool(
+        "aarch64-linux-gnu-objdump",
+        &["-h", objects[0].to_str().unwrap()],
+    );
+    let plt = headers
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.get(1) == Some(&".plt"))
+        .and_then(|f| u64::from_str_radix(f.get(3)?, 16).ok())
+        .expect("the fixture has a .plt");
+    assert!(
+        !readelf_rows(&objects[0], "x29")
+            .iter()
+            .any(|(start, end, _)| (*start..*end).contains(&plt)),
+        "an FDE covers .plt: this check is moot"
+    );
+    // The header entry, and the first stub's first and last instruction.
+    for at in [plt, plt + 0x20, plt + 0x2c] {
+        let rule = table.rule_at(at).unwrap();
+        assert_eq!(
+            (rule.kind, rule.cfa_offset, rule.ra_offset, rule.fp_offset),
+            (RULE_CFA_SP, 0, 0, 0),
+            "{at:#x} in .plt: CFA = SP, return address in x30"
+        );
+    }
 }
 
 /// Go on arm64: LR is stored at 0(SP) as the frame is allocated, the
