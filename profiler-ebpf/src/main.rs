@@ -27,7 +27,7 @@ use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_stack, bpf_ktime_get_ns,
-        generated::{bpf_get_current_comm as get_comm, bpf_probe_read_kernel as read_kernel_raw},
+        generated::bpf_get_current_comm as get_comm,
     },
     macros::{map, perf_event},
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -149,14 +149,11 @@ fn record_sample(ctx: &PerfEventContext) {
         // A goroutine's labels go after the last frame (the sample's
         // `tail` leaves room for them however many frames there are).
         if runtimes::go::labels::enabled()
-            && let Some((block, len)) =
-                runtimes::go::labels::read(unwind::WALK_SAMPLING, pid, &regs)
-            && len <= core::mem::size_of::<GoLabels>()
-            && read_kernel_raw(
-                sample.cast::<u8>().add(record_len).cast(),
-                len as u32,
-                block.cast(),
-            ) == 0
+            && let Some(len) = runtimes::go::labels::read(
+                pid,
+                &regs,
+                sample.cast::<u8>().add(record_len).cast::<GoLabels>(),
+            )
         {
             flags |= SAMPLE_FLAG_GO_LABELS;
             record_len += len;

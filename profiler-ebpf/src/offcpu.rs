@@ -16,7 +16,7 @@ use aya_ebpf::{
     bindings::task_struct,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack,
-        bpf_get_task_stack, bpf_ktime_get_ns, generated::bpf_probe_read_kernel as read_kernel_raw,
+        bpf_get_task_stack, bpf_ktime_get_ns,
     },
     macros::{btf_tracepoint, map},
     maps::{Array, LruHashMap, PerCpuArray},
@@ -200,13 +200,7 @@ pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
         if walk.unknown_leaf {
             (*record).flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
         }
-        append_go_labels(
-            unwind::WALK_SYSCALL,
-            record,
-            pid,
-            &saved.regs,
-            kernel_frames + walk.frames,
-        );
+        append_go_labels(record, pid, &saved.regs, kernel_frames + walk.frames);
         emit(record, kernel_frames + walk.frames, walk.unknown_leaf);
         let _ = OFF_CPU_PENDING.remove(&tid);
         count_pending(-1);
@@ -343,13 +337,7 @@ fn walk_now(
         (*record).user_frames = walk.frames as u16;
         (*record).user_end = walk.end as u8;
         (*record).flags = flags;
-        append_go_labels(
-            unwind::WALK_SCHEDULER,
-            record,
-            pid,
-            regs,
-            kernel_frames + walk.frames,
-        );
+        append_go_labels(record, pid, regs, kernel_frames + walk.frames);
         if OFF_CPU_PENDING.insert(&tid, &*record, 0).is_err() {
             bump(Counter::OffCpuLost);
             return false;
@@ -543,35 +531,26 @@ unsafe fn add_interval(record: *mut Sample, now: u64, off: u64, runq: u64, weigh
 
 /// Appends the labels of the goroutine running on the current thread of
 /// `pid` (a registered Go process) after the record's first `frames`
-/// frames, and flags the record; `context` is the walk context (`unwind`).
+/// frames, and flags the record.
 ///
 /// # Safety
-/// `record` must point to a writable `Sample`.
+/// `record` must point to a writable `Sample` that only this program
+/// context writes (the scheduler's scratch record, or the thread's own
+/// pending record at its system call's return).
 #[inline(always)]
-unsafe fn append_go_labels(
-    context: u32,
-    record: *mut Sample,
-    pid: u32,
-    regs: &UserRegs,
-    frames: u32,
-) {
+unsafe fn append_go_labels(record: *mut Sample, pid: u32, regs: &UserRegs, frames: u32) {
     if !runtimes::go::labels::enabled() {
         return;
     }
     let frames = (frames as usize).min(MAX_SAMPLE_FRAMES);
-    let Some((block, len)) = runtimes::go::labels::read(context, pid, regs) else {
-        return;
-    };
     // SAFETY: the caller's promise; the block fits in the sample's `tail`
-    // after any number of frames.
+    // after any number of frames, and the record is this context's own.
     unsafe {
-        if len <= core::mem::size_of::<GoLabels>()
-            && read_kernel_raw(
-                record.cast::<u8>().add(Sample::record_len(frames)).cast(),
-                len as u32,
-                block.cast(),
-            ) == 0
-        {
+        let block = record
+            .cast::<u8>()
+            .add(Sample::record_len(frames))
+            .cast::<GoLabels>();
+        if runtimes::go::labels::read(pid, regs, block).is_some() {
             (*record).flags |= SAMPLE_FLAG_GO_LABELS;
         }
     }

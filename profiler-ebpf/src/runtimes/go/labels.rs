@@ -12,7 +12,7 @@
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated::bpf_probe_read_user as read_user_raw},
     macros::map,
-    maps::{HashMap, PerCpuArray},
+    maps::HashMap,
 };
 use profiler_common::{
     Counter, UserRegs,
@@ -33,14 +33,6 @@ static GO_LABELS: u8 = 0;
 /// written by user space when it finds a process's Go binary.
 #[map]
 static GO_PROCESSES: HashMap<u32, GoProcess> = HashMap::with_max_entries(MAX_GO_PROCESSES, 0);
-
-/// Where the labels are gathered before they are appended to the sample:
-/// one block per program context (`unwind::WALK_*`) on each CPU. The
-/// scheduler's programs run while a `sys_exit` program may be in the
-/// middle of its labels, and the perf-event program while either is: a
-/// shared block could be appended half overwritten.
-#[map]
-static GO_LABELS_SCRATCH: PerCpuArray<GoLabels> = PerCpuArray::with_max_entries(3, 0);
 
 /// `map[string]string` buckets (runtime/map.go, Go 1.19 to 1.23): eight
 /// tophash bytes, eight 16-byte keys, eight 16-byte values, the overflow
@@ -63,21 +55,26 @@ pub fn enabled() -> bool {
     unsafe { core::ptr::read_volatile(&GO_LABELS) != 0 }
 }
 
-/// Gathers the labels of the goroutine running on this thread of `pid`,
-/// in program context `context` (0 to 2: the walk contexts of `unwind`):
-/// the block to append and its length, or None (not a Go process, or no
-/// goroutine running).
+/// Writes the labels of the goroutine running on this thread of `pid`
+/// into `block`, right after the record's last frame: their length, or
+/// None (not a Go process, or no goroutine running), and then `block` was
+/// not written. Straight into the record: gathering them in a scratch
+/// block first and copying it after cost a few more cold cache lines and
+/// a copy per sample.
+///
+/// # Safety
+/// `block` must point to a writable `GoLabels` (the record's `tail`
+/// leaves room for one after any number of frames) that no other program
+/// writes while this one runs (each program context has its own record).
 #[inline(always)]
-pub fn read(context: u32, pid: u32, regs: &UserRegs) -> Option<(*const GoLabels, usize)> {
+pub unsafe fn read(pid: u32, regs: &UserRegs, block: *mut GoLabels) -> Option<usize> {
     // SAFETY: the value is copied out of the map.
     let process = *unsafe { GO_PROCESSES.get(&pid) }?;
     let curg = current_goroutine(&process, regs)?;
     if !plausible(curg) {
         return None;
     }
-    let block = GO_LABELS_SCRATCH.get_ptr_mut(context)?;
-    // SAFETY: this CPU's block of this context, ours for the program's
-    // duration (a context does not interrupt itself).
+    // SAFETY: the caller's promise.
     let labels = unsafe { &mut *block };
     labels.goid = read_word(curg + process.g_goid as u64).unwrap_or(0);
     labels.count = 0;
@@ -95,7 +92,7 @@ pub fn read(context: u32, pid: u32, regs: &UserRegs) -> Option<(*const GoLabels,
         bump(Counter::GoLabelsCut);
     }
     let count = (labels.count as usize).min(MAX_GO_LABELS);
-    Some((block, GoLabels::block_len(count)))
+    Some(GoLabels::block_len(count))
 }
 
 /// The thread's current goroutine (its m's `curg`): through the g
