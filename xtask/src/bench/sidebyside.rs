@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use super::process::Managed;
-use super::profilers::Tool;
+use super::profilers::{Running, Snapshot, Tool};
 use super::stats::Summary;
 use super::workloads::Workload;
 use super::{Env, Plan};
@@ -138,15 +138,7 @@ fn labels(env: &Env, plan: &Plan, rounds: usize, window: Duration) -> anyhow::Re
             (Tool::Agent.start(env, plan.hz, &label)?, without)
         };
         for _ in 0..rounds {
-            let (a0, b0) = (with.snapshot()?, without.snapshot()?);
-            std::thread::sleep(window);
-            let (a1, b1) = (with.snapshot()?, without.snapshot()?);
-            let ns = |start: &super::profilers::Snapshot, end: &super::profilers::Snapshot| {
-                end.bpf
-                    .zip(start.bpf)
-                    .and_then(|(e, s)| e.since(s).ns_per_run())
-            };
-            if let (Some(a), Some(b)) = (ns(&a0, &a1), ns(&b0, &b1)) {
+            if let Some((a, b)) = one_window(&with, &without, window)? {
                 let ratios = if labels_first {
                     &mut row.labels_first
                 } else {
@@ -163,6 +155,20 @@ fn labels(env: &Env, plan: &Plan, rounds: usize, window: Duration) -> anyhow::Re
         anyhow::bail!("no window had BPF runs of both agents in one of the orders");
     }
     Ok(row)
+}
+
+/// Both programs' ns per sample over the same `window`; None when one of
+/// them did not run in it.
+fn one_window(a: &Running, b: &Running, window: Duration) -> anyhow::Result<Option<(f64, f64)>> {
+    let (a0, b0) = (a.snapshot()?, b.snapshot()?);
+    std::thread::sleep(window);
+    let (a1, b1) = (a.snapshot()?, b.snapshot()?);
+    let ns = |start: &Snapshot, end: &Snapshot| {
+        end.bpf
+            .zip(start.bpf)
+            .and_then(|(e, s)| e.since(s).ns_per_run())
+    };
+    Ok(ns(&a0, &a1).zip(ns(&b0, &b1)))
 }
 
 fn measure(
@@ -193,15 +199,7 @@ fn measure(
         bpftrace_ns: Vec::new(),
     };
     for _ in 0..rounds {
-        let (a0, b0) = (agent.snapshot()?, bpftrace.snapshot()?);
-        std::thread::sleep(window);
-        let (a1, b1) = (agent.snapshot()?, bpftrace.snapshot()?);
-        let ns = |start: &super::profilers::Snapshot, end: &super::profilers::Snapshot| {
-            end.bpf
-                .zip(start.bpf)
-                .and_then(|(e, s)| e.since(s).ns_per_run())
-        };
-        if let (Some(a), Some(b)) = (ns(&a0, &a1), ns(&b0, &b1)) {
+        if let Some((a, b)) = one_window(&agent, &bpftrace, window)? {
             row.agent_ns.push(a);
             row.bpftrace_ns.push(b);
             row.ratios.push(a / b);
