@@ -35,36 +35,44 @@ const EXAMPLES: &str = "Example:\n  \
 
 impl Args for RunArgs {
     fn augment_args(command: Command) -> Command {
-        let mut command = command.after_help(EXAMPLES).arg(
-            Arg::new(CONFIG)
-                .long(CONFIG)
-                .env("PROFILER_AGENT_CONFIG")
-                .value_name("FILE")
-                .value_parser(clap::value_parser!(PathBuf))
-                .help("TOML configuration file (see deploy/config.example.toml)"),
-        );
-        for setting in settings::settings() {
-            let mut arg = Arg::new(setting.flag.as_str())
-                .long(setting.flag.as_str())
-                .env(setting.env.as_str())
-                .value_name(setting.value_name)
-                .help(setting.help.clone())
-                .hide_env_values(setting.secret)
-                .action(ArgAction::Set);
-            if matches!(setting.kind, Kind::List(_)) {
-                arg = arg
-                    .value_delimiter(',')
-                    .num_args(0..)
-                    .action(ArgAction::Append);
-            }
-            command = command.arg(arg);
-        }
-        command
+        // The flags come from the config types' JSON schema, which takes
+        // about a millisecond to build: deferred until `run` itself is
+        // parsed, so that every other command starts without it.
+        command.after_help(EXAMPLES).defer(run_flags)
     }
 
     fn augment_args_for_update(command: Command) -> Command {
         Self::augment_args(command)
     }
+}
+
+/// `run`'s flags: `--config`, and one per setting of the config file.
+fn run_flags(command: Command) -> Command {
+    let mut command = command.arg(
+        Arg::new(CONFIG)
+            .long(CONFIG)
+            .env("PROFILER_AGENT_CONFIG")
+            .value_name("FILE")
+            .value_parser(clap::value_parser!(PathBuf))
+            .help("TOML configuration file (see deploy/config.example.toml)"),
+    );
+    for setting in settings::settings() {
+        let mut arg = Arg::new(setting.flag.as_str())
+            .long(setting.flag.as_str())
+            .env(setting.env.as_str())
+            .value_name(setting.value_name)
+            .help(setting.help.clone())
+            .hide_env_values(setting.secret)
+            .action(ArgAction::Set);
+        if matches!(setting.kind, Kind::List(_)) {
+            arg = arg
+                .value_delimiter(',')
+                .num_args(0..)
+                .action(ArgAction::Append);
+        }
+        command = command.arg(arg);
+    }
+    command
 }
 
 impl FromArgMatches for RunArgs {
@@ -127,5 +135,46 @@ fn log_dispatch(format: LogFormat) -> tracing::Dispatch {
     match format {
         LogFormat::Text => tracing::Dispatch::new(builder.finish()),
         LogFormat::Json => tracing::Dispatch::new(builder.json().finish()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::super::{Cli, Command};
+
+    #[test]
+    fn run_flags_are_there_once_run_is_parsed() {
+        // The flags are added when `run` is built (deferred): every
+        // command's definition still passes clap's own checks, and a
+        // setting given by flag reaches `given`.
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from([
+            "profiler-agent",
+            "run",
+            "--listen",
+            "127.0.0.1:7070",
+            "--frame-pointers-only",
+            "true",
+        ])
+        .unwrap();
+        let Some(Command::Run(args)) = cli.command else {
+            panic!("not run: {cli:?}");
+        };
+        let given: Vec<(&str, &[String])> = args
+            .given
+            .iter()
+            .map(|(setting, values)| (setting.flag.as_str(), values.as_slice()))
+            .collect();
+        assert_eq!(
+            given,
+            [
+                ("listen", &["127.0.0.1:7070".to_string()][..]),
+                ("frame-pointers-only", &["true".to_string()][..]),
+            ]
+        );
+        let error = Cli::try_parse_from(["profiler-agent", "run", "--no-such-flag"]).unwrap_err();
+        assert!(error.to_string().contains("--no-such-flag"), "{error}");
     }
 }
