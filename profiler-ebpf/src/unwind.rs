@@ -27,7 +27,7 @@ use profiler_common::unwind::{
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
-use crate::walk::{LOOKUPS_KEPT, Step, WalkState, read_pair, read_user, return_to};
+use crate::walk::{LOOKUPS_KEPT, Step, WalkState, read_user, return_to, stack_pair, stack_word};
 use crate::{bump, machine, runtimes, words};
 
 /// `BPF_F_MMAPABLE`: user space writes the tables through a shared
@@ -135,6 +135,8 @@ pub fn walk_user_stack(
                 words::set(kept, u64::MAX);
             }
         }
+        words::set(&raw mut (*state).stack_window_base, 0);
+        words::set(&raw mut (*state).stack_window_off, 0);
         words::set(&raw mut (*state).frames, 0);
         words::set(&raw mut (*state).kernel_frames, kernel_frames);
         words::set(&raw mut (*state).end, UserStackEnd::Truncated as u32);
@@ -322,7 +324,7 @@ fn frame_pointer_step(state: &mut WalkState) -> Result<Step, ()> {
     }
     // One read of the whole two-word record: half the helper calls of
     // reading the words one by one (the walker's main per-frame cost).
-    let record = read_pair(fp)?;
+    let record = stack_pair(state, fp)?;
     let return_address = record[(machine::FRAME_RECORD_RETURN_ADDRESS / 8) as usize];
     state.fp = record[(machine::FRAME_RECORD_CALLER_FP / 8) as usize];
     state.sp = fp + machine::FRAME_RECORD_SIZE;
@@ -339,7 +341,7 @@ fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step,
     // RULE_CFA_SP, and RULE_GO_CGOCALLBACK on whichever stack SP is.
     let cfa = match rule.kind {
         RULE_CFA_FP => state.fp.wrapping_add(offset),
-        RULE_CFA_DEREF_FP => read_user(state.fp.wrapping_add(offset))?,
+        RULE_CFA_DEREF_FP => stack_word(state, state.fp.wrapping_add(offset))?,
         RULE_PLT if (pc & 15) as i16 >= rule.param => state.sp.wrapping_add(offset + 8),
         _ => state.sp.wrapping_add(offset),
     };
@@ -362,7 +364,7 @@ fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step,
         }
         return_address = state.lr;
         if rule.fp_offset != 0 && !fp_lost {
-            state.fp = read_user(fp_base.wrapping_add(rule.fp_offset as i64 as u64))?;
+            state.fp = stack_word(state, fp_base.wrapping_add(rule.fp_offset as i64 as u64))?;
         }
     } else if rule.fp_offset != 0
         && !fp_lost
@@ -371,13 +373,13 @@ fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step,
     {
         // The common frame record, caller's FP just below the return
         // address: one read for both.
-        let record = read_pair(cfa.wrapping_add(rule.fp_offset as i64 as u64))?;
+        let record = stack_pair(state, cfa.wrapping_add(rule.fp_offset as i64 as u64))?;
         state.fp = record[0];
         return_address = record[1];
     } else {
-        return_address = read_user(cfa.wrapping_add(rule.ra_offset as i64 as u64))?;
+        return_address = stack_word(state, cfa.wrapping_add(rule.ra_offset as i64 as u64))?;
         if rule.fp_offset != 0 && !fp_lost {
-            state.fp = read_user(fp_base.wrapping_add(rule.fp_offset as i64 as u64))?;
+            state.fp = stack_word(state, fp_base.wrapping_add(rule.fp_offset as i64 as u64))?;
         }
     }
     if fp_lost {

@@ -13,6 +13,10 @@ use crate::machine;
 /// Lookups a walk keeps (a power of two).
 pub(crate) const LOOKUPS_KEPT: usize = 8;
 
+/// Words of stack a walk copies at once (see `WalkState::stack_window`).
+pub(crate) const STACK_WINDOW_WORDS: usize = 64;
+const STACK_WINDOW_BYTES: u64 = (STACK_WINDOW_WORDS * 8) as u64;
+
 /// The walk in progress on this CPU.
 #[repr(C)]
 pub(crate) struct WalkState {
@@ -40,7 +44,17 @@ pub(crate) struct WalkState {
     pub(crate) lookup_rules: [UnwindRule; LOOKUPS_KEPT],
     /// Bit i: `lookups[i]` was in a registered mapping.
     pub(crate) lookups_mapped: u32,
-    pub(crate) _lookups_pad: u32,
+    /// The stack window could not be read (the stack's top is near): the
+    /// walk's further reads are of the words it needs only.
+    pub(crate) stack_window_off: u32,
+    /// The user address of `stack_window[0]`; 0 when the window is empty.
+    pub(crate) stack_window_base: u64,
+    /// A copy of the stack from `stack_window_base` up. Each native
+    /// frame's words are read from here when the window holds them, else
+    /// the window is read again from the frame up: one helper call for
+    /// the many small frames of a deep stack, where a call per frame was
+    /// the walk's main cost.
+    pub(crate) stack_window: [u64; STACK_WINDOW_WORDS],
     /// User frames written so far, after `kernel_frames` kernel frames.
     pub(crate) frames: u32,
     pub(crate) kernel_frames: u32,
@@ -103,6 +117,66 @@ pub(crate) fn read_user(address: u64) -> Result<u64, ()> {
 pub(crate) fn read_pair(address: u64) -> Result<[u64; 2], ()> {
     // SAFETY: bpf_probe_read_user checks the address; a fault is an Err.
     unsafe { bpf_probe_read_user(address as *const [u64; 2]) }.map_err(|_| ())
+}
+
+/// The word of the walked stack at `address` (through the stack window).
+#[inline(always)]
+pub(crate) fn stack_word(state: &mut WalkState, address: u64) -> Result<u64, ()> {
+    match window_index(state, address, 1) {
+        Some(i) => state.stack_window.get(i).copied().ok_or(()),
+        None => read_user(address),
+    }
+}
+
+/// The two words of the walked stack at `address` (a frame record; through
+/// the stack window).
+#[inline(always)]
+pub(crate) fn stack_pair(state: &mut WalkState, address: u64) -> Result<[u64; 2], ()> {
+    match window_index(state, address, 2) {
+        Some(i) => match (state.stack_window.get(i), state.stack_window.get(i + 1)) {
+            (Some(&first), Some(&second)) => Ok([first, second]),
+            _ => Err(()),
+        },
+        None => read_pair(address),
+    }
+}
+
+/// Where `words` words at `address` are in the stack window, reading the
+/// window from `address` up when it does not hold them; None when the
+/// window cannot (a word not aligned, or the stack's end within the
+/// window's size: the caller reads the words alone).
+#[inline(always)]
+fn window_index(state: &mut WalkState, address: u64, words: u64) -> Option<usize> {
+    if address & 7 != 0 {
+        return None;
+    }
+    let offset = address.wrapping_sub(state.stack_window_base);
+    if state.stack_window_base != 0 && offset + words * 8 <= STACK_WINDOW_BYTES {
+        // Masked as well: the verifier loses the bound of a value it
+        // compared before a shift.
+        return Some(((offset >> 3) & (STACK_WINDOW_WORDS as u64 - 1)) as usize);
+    }
+    if state.stack_window_off != 0 || address == 0 {
+        return None;
+    }
+    // SAFETY: bpf_probe_read_user checks the address; the destination is
+    // this CPU's walk state, STACK_WINDOW_BYTES long.
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_user(
+            state.stack_window.as_mut_ptr().cast(),
+            STACK_WINDOW_BYTES as u32,
+            address as *const _,
+        )
+    };
+    if read != 0 {
+        // Stacks grow down and a walk goes up: past here it only gets
+        // nearer the end.
+        state.stack_window_off = 1;
+        state.stack_window_base = 0;
+        return None;
+    }
+    state.stack_window_base = address;
+    Some(0)
 }
 
 /// Writes a two-word runtime frame (`profiler_common::runtimes`) after the
