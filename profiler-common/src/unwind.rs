@@ -161,10 +161,6 @@ pub struct UnwindMapping {
 pub struct ProcessUnwind {
     pub first_mapping: u32,
     pub mapping_count: u32,
-    /// Unique to this registration (never 0): the walker keeps rule
-    /// lookups across samples under it, so a process registered again
-    /// (exec, dlopen, a table evicted) starts with none.
-    pub version: u32,
 }
 
 /// Set on a user frame whose address is exact, not a return address: the

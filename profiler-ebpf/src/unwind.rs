@@ -27,9 +27,7 @@ use profiler_common::unwind::{
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
-use crate::walk::{
-    RULES_KEPT, RULES_KEPT_BITS, Step, WalkState, read_user, return_to, stack_pair, stack_word,
-};
+use crate::walk::{LOOKUPS_KEPT, Step, WalkState, read_user, return_to, stack_pair, stack_word};
 use crate::{bump, machine, runtimes, words};
 
 /// `BPF_F_MMAPABLE`: user space writes the tables through a shared
@@ -128,8 +126,15 @@ pub fn walk_user_stack(
         (*state).go_g = regs.go_g;
         (*state).bcp = regs.bcp;
         // Field by field (`words`: no byte-wise memset).
+        words::set(&raw mut (*state).mapping.start, 0);
+        words::set(&raw mut (*state).mapping.end, 0);
         words::set(&raw mut (*state).first_mapping, 0);
         words::set(&raw mut (*state).mapping_count, 0);
+        for i in 0..LOOKUPS_KEPT {
+            if let Some(kept) = (*state).lookups.get_mut(i) {
+                words::set(kept, u64::MAX);
+            }
+        }
         words::set(&raw mut (*state).stack_window_base, 0);
         words::set(&raw mut (*state).stack_window_off, 0);
         words::set(&raw mut (*state).frames, 0);
@@ -146,20 +151,10 @@ pub fn walk_user_stack(
             &raw mut (*state).jvm_state,
             runtimes::hotspot::JVM_UNSTARTED,
         );
-        let mut version = 0;
         if let Some(process) = UNWIND_PROCESSES.get(&pid) {
             (*state).first_mapping = process.first_mapping;
             (*state).mapping_count = process.mapping_count;
-            version = process.version;
         }
-        // The mapping the last walk ended in stays while the process's
-        // registration is the same (usually the leaf's too: its search
-        // costs a sample a few cold cache lines).
-        if version == 0 || (*state).version != version {
-            words::set(&raw mut (*state).mapping.start, 0);
-            words::set(&raw mut (*state).mapping.end, 0);
-        }
-        words::set(&raw mut (*state).version, version);
         let mut context = StepContext { state, sample };
         bpf_loop(
             MAX_USER_FRAMES as u32,
@@ -420,22 +415,14 @@ fn signal_step(state: &mut WalkState) -> Result<Step, ()> {
 
 /// The rule covering `pc`: from its process's tables, or the frame-pointer
 /// rule (all zero) where there is none; and whether `pc` is in a mapping
-/// user space registered (with or without a table). Kept across walks
-/// (`WalkState::rules_kept`).
+/// user space registered (with or without a table).
 #[inline(always)]
 fn find_rule(state: &mut WalkState, pc: u64) -> (UnwindRule, bool) {
-    let version = state.version;
-    // Fibonacci hashing of the PC and the registration: processes of one
-    // binary (the same PCs) keep their lookups apart.
-    let key = pc ^ (u64::from(version) << 20);
-    let slot = (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - RULES_KEPT_BITS)) as usize
-        & (RULES_KEPT - 1);
-    if version != 0
-        && let Some(kept) = state.rules_kept.get(slot)
-        && kept.pc == pc
-        && kept.version == version
+    let slot = ((pc ^ (pc >> 4) ^ (pc >> 8)) as usize) & (LOOKUPS_KEPT - 1);
+    if let (Some(&kept), Some(&rule)) = (state.lookups.get(slot), state.lookup_rules.get(slot))
+        && kept == pc
     {
-        return (kept.rule, kept.mapped != 0);
+        return (rule, state.lookups_mapped & (1 << slot) != 0);
     }
     let found =
         if !(state.mapping.start <= pc && pc < state.mapping.end) && !find_mapping(state, pc) {
@@ -443,13 +430,17 @@ fn find_rule(state: &mut WalkState, pc: u64) -> (UnwindRule, bool) {
         } else {
             (rule_in_mapping(state, pc), true)
         };
-    if version != 0
-        && let Some(kept) = state.rules_kept.get_mut(slot)
-    {
-        kept.pc = pc;
-        kept.version = version;
-        kept.mapped = found.1 as u32;
-        kept.rule = found.0;
+    if let (Some(kept), Some(rule)) = (
+        state.lookups.get_mut(slot),
+        state.lookup_rules.get_mut(slot),
+    ) {
+        *kept = pc;
+        *rule = found.0;
+        if found.1 {
+            state.lookups_mapped |= 1 << slot;
+        } else {
+            state.lookups_mapped &= !(1 << slot);
+        }
     }
     found
 }

@@ -10,22 +10,8 @@ use profiler_common::{MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample};
 
 use crate::machine;
 
-/// Rule lookups a walk context keeps (a power of two; see `rules_kept`).
-pub(crate) const RULES_KEPT_BITS: u32 = 7;
-pub(crate) const RULES_KEPT: usize = 1 << RULES_KEPT_BITS;
-
-/// One kept rule lookup: the rule found for `pc` in the process whose
-/// registration is `version` (`ProcessUnwind::version`).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct RuleCacheEntry {
-    pub(crate) pc: u64,
-    /// 0: empty.
-    pub(crate) version: u32,
-    /// `pc` was in a mapping user space registered.
-    pub(crate) mapped: u32,
-    pub(crate) rule: UnwindRule,
-}
+/// Lookups a walk keeps (a power of two).
+pub(crate) const LOOKUPS_KEPT: usize = 8;
 
 /// Words of stack a walk copies at once (see `WalkState::stack_window`).
 pub(crate) const STACK_WINDOW_WORDS: usize = 64;
@@ -46,14 +32,18 @@ pub(crate) struct WalkState {
     /// leaf was the interpreter's).
     pub(crate) bcp: u64,
     /// The mapping the previous frame was in (most callers are in the same
-    /// object as their callee), kept for the next walk of the same
-    /// registration (`version`): start == end when none.
+    /// object as their callee): start == end when none.
     pub(crate) mapping: UnwindMapping,
     pub(crate) first_mapping: u32,
     pub(crate) mapping_count: u32,
-    /// The registration of the walked process (`ProcessUnwind::version`);
-    /// 0 when it has none.
-    pub(crate) version: u32,
+    /// Addresses looked up in this walk (`LOOKUPS_KEPT`, by a hash of the
+    /// address; `u64::MAX` when empty), and what each lookup found: the
+    /// frames of a recursion share a few return addresses, and the table
+    /// search is the walk's dearest part.
+    pub(crate) lookups: [u64; LOOKUPS_KEPT],
+    pub(crate) lookup_rules: [UnwindRule; LOOKUPS_KEPT],
+    /// Bit i: `lookups[i]` was in a registered mapping.
+    pub(crate) lookups_mapped: u32,
     /// The stack window could not be read (the stack's top is near): the
     /// walk's further reads are of the words it needs only.
     pub(crate) stack_window_off: u32,
@@ -65,15 +55,6 @@ pub(crate) struct WalkState {
     /// the many small frames of a deep stack, where a call per frame was
     /// the walk's main cost.
     pub(crate) stack_window: [u64; STACK_WINDOW_WORDS],
-    /// Rule lookups of this context's past walks, by a hash of (PC,
-    /// registration), kept across samples: a table search touches a page
-    /// entry, rows and a rule in arrays of many MiB, cold 10 ms after the
-    /// last sample, while a busy program's samples return to the same few
-    /// hundred addresses. 128 entries (4 KiB): 512 did no better, more
-    /// memory being cold too. A registration's version changes whenever
-    /// what its PCs map to may have (exec, dlopen, a table evicted), so an
-    /// entry of an older one is never used.
-    pub(crate) rules_kept: [RuleCacheEntry; RULES_KEPT],
     /// User frames written so far, after `kernel_frames` kernel frames.
     pub(crate) frames: u32,
     pub(crate) kernel_frames: u32,

@@ -192,7 +192,6 @@ impl UnwindArrays {
 pub trait ProcessSlots: Send {
     fn set(&mut self, pid: u32, value: ProcessUnwind) -> Result<(), String>;
     fn clear(&mut self, pid: u32);
-    fn get(&self, pid: u32) -> Option<ProcessUnwind>;
 }
 
 impl ProcessSlots for BpfHashMap<MapData, u32, ProcessUnwind> {
@@ -201,9 +200,6 @@ impl ProcessSlots for BpfHashMap<MapData, u32, ProcessUnwind> {
     }
     fn clear(&mut self, pid: u32) {
         let _ = self.remove(&pid);
-    }
-    fn get(&self, pid: u32) -> Option<ProcessUnwind> {
-        BpfHashMap::get(self, &pid, 0).ok()
     }
 }
 
@@ -214,9 +210,6 @@ impl ProcessSlots for HashMap<u32, ProcessUnwind> {
     }
     fn clear(&mut self, pid: u32) {
         self.remove(&pid);
-    }
-    fn get(&self, pid: u32) -> Option<ProcessUnwind> {
-        HashMap::get(self, &pid).copied()
     }
 }
 
@@ -232,8 +225,6 @@ pub struct TableStore {
     vdso: Option<ObjectState>,
     processes: HashMap<u32, RegisteredProcess>,
     processes_capacity: u32,
-    /// The last `ProcessUnwind::version` given out.
-    last_version: u32,
     tick: u64,
     pub stats: UnwindTableStats,
 }
@@ -253,7 +244,6 @@ impl TableStore {
             tables: HashMap::new(),
             objects: HashMap::new(),
             vdso: None,
-            last_version: 0,
             processes: HashMap::new(),
             processes_capacity,
             tick: 1,
@@ -657,13 +647,9 @@ impl TableStore {
                     self.stats.map_errors += 1;
                 }
                 std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
-                // A new version for every registration: the walker keeps
-                // rule lookups under it (0 means none, so it is skipped).
-                self.last_version = self.last_version.wrapping_add(1).max(1);
                 let value = ProcessUnwind {
                     first_mapping: first,
                     mapping_count: count,
-                    version: self.last_version,
                 };
                 match self.arrays.processes.set(pid, value) {
                     Ok(()) => {
@@ -900,27 +886,5 @@ mod tests {
         let without = |pid: u32| store.processes[&pid].entries[0].0.page_count == 0;
         assert!(without(1) && !without(2) && !without(3));
         assert!(store.occupancy().rows_used <= capacity);
-    }
-
-    #[test]
-    fn every_registration_has_a_version_of_its_own() {
-        // The walker keeps rule lookups under a process's version: one
-        // registered again (its maps changed, a table evicted) must not
-        // find the lookups of its old mappings, nor another process's.
-        let libc = object(LIBC, 0);
-        let mut store = store(1 << 20);
-        let version =
-            |store: &TableStore, pid: u32| store.arrays.processes.get(pid).unwrap().version;
-        store.register(1, &[mapping(&libc, 0x10_0000_0000)]);
-        store.register(2, &[mapping(&libc, 0x10_0000_0000)]);
-        let (first, second) = (version(&store, 1), version(&store, 2));
-        store.register(1, &[mapping(&libc, 0x20_0000_0000)]);
-        let again = version(&store, 1);
-        assert!(first != 0 && second != 0 && again != 0);
-        assert!(first != second && again != first && again != second);
-        // Wrapping skips 0, which means "no registration".
-        store.last_version = u32::MAX;
-        store.register(3, &[mapping(&libc, 0x30_0000_0000)]);
-        assert_eq!(version(&store, 3), 1);
     }
 }
