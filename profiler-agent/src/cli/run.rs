@@ -36,7 +36,7 @@ const EXAMPLES: &str = "Example:\n  \
 impl Args for RunArgs {
     fn augment_args(command: Command) -> Command {
         // The flags come from the config types' JSON schema, which takes
-        // about a millisecond to build: deferred until `run` itself is
+        // half a millisecond to build: deferred until `run` itself is
         // parsed, so that every other command starts without it.
         command.after_help(EXAMPLES).defer(run_flags)
     }
