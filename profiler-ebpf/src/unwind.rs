@@ -322,8 +322,8 @@ fn frame_pointer_step(state: &mut WalkState) -> Result<Step, ()> {
     if fp == 0 || fp < state.sp {
         return Ok(Step::End(UserStackEnd::NoTable));
     }
-    // One read of the whole two-word record: half the helper calls of
-    // reading the words one by one (the walker's main per-frame cost).
+    // The whole two-word record at once, from the stack window (a helper
+    // call per frame was the walker's main per-frame cost).
     let record = stack_pair(state, fp)?;
     let return_address = record[(machine::FRAME_RECORD_RETURN_ADDRESS / 8) as usize];
     state.fp = record[(machine::FRAME_RECORD_CALLER_FP / 8) as usize];
