@@ -135,8 +135,8 @@ pub fn walk_user_stack(
                 words::set(kept, u64::MAX);
             }
         }
-        words::set(&raw mut (*state).stack_window_base, 0);
-        words::set(&raw mut (*state).stack_window_off, 0);
+        (*state).stack_window.clear();
+        (*state).py_window.clear();
         words::set(&raw mut (*state).frames, 0);
         words::set(&raw mut (*state).kernel_frames, kernel_frames);
         words::set(&raw mut (*state).end, UserStackEnd::Truncated as u32);

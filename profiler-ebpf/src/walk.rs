@@ -3,19 +3,102 @@
 //! (`runtimes::*`) read and move the same state.
 
 use aya_ebpf::helpers::bpf_probe_read_user;
+use aya_ebpf::helpers::generated::bpf_probe_read_user as bpf_probe_read_user_bytes;
 use profiler_common::runtimes::hotspot::{BLOB_WINDOW, INTERPRETER_WORDS, JvmProcess};
 use profiler_common::runtimes::python::PyProcess;
 use profiler_common::unwind::{UnwindMapping, UnwindRule, UserStackEnd};
 use profiler_common::{MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample};
 
-use crate::machine;
+use crate::{machine, words};
 
 /// Lookups a walk keeps (a power of two).
 pub(crate) const LOOKUPS_KEPT: usize = 8;
 
 /// Words of stack a walk copies at once (see `WalkState::stack_window`).
 pub(crate) const STACK_WINDOW_WORDS: usize = 64;
-const STACK_WINDOW_BYTES: u64 = (STACK_WINDOW_WORDS * 8) as u64;
+
+/// Words of a CPython thread's data stack a walk copies at once (see
+/// `runtimes::python`).
+pub(crate) const PY_WINDOW_WORDS: usize = 128;
+
+/// A copy of user memory the walk reads words from, made with one helper
+/// call where the memory's words would otherwise cost one each.
+#[repr(C)]
+pub(crate) struct Window<const WORDS: usize> {
+    /// The user address of `words[0]`; 0 when the window holds nothing.
+    pub(crate) base: u64,
+    /// Bytes held from `base`: the whole window, or the one frame read
+    /// alone where the whole could not be.
+    pub(crate) len: u64,
+    /// Nonzero once a whole-window read failed (the stack's top is near):
+    /// the walk's further reads are of the words it needs only.
+    pub(crate) off: u64,
+    pub(crate) words: [u64; WORDS],
+}
+
+impl<const WORDS: usize> Window<WORDS> {
+    /// The window's size in bytes.
+    pub(crate) const BYTES: u64 = {
+        assert!(WORDS.is_power_of_two());
+        (WORDS * 8) as u64
+    };
+
+    /// Empties the window at a walk's start.
+    #[inline(always)]
+    pub(crate) fn clear(&mut self) {
+        words::set(&raw mut self.base, 0);
+        words::set(&raw mut self.off, 0);
+    }
+
+    /// The index of `count` words at `address`, when the window holds
+    /// every one of them.
+    #[inline(always)]
+    pub(crate) fn held(&self, address: u64, count: u64) -> Option<usize> {
+        let offset = address.wrapping_sub(self.base);
+        // `offset < BYTES` first: an address just below the base wraps to
+        // an offset near 2^64 that adding `count` words would wrap back.
+        if self.base == 0 || address & 7 != 0 || offset >= Self::BYTES {
+            return None;
+        }
+        if offset + count * 8 > self.len {
+            return None;
+        }
+        // Masked as well: the verifier loses the bound of a value it
+        // compared before a shift.
+        Some(((offset >> 3) & (WORDS as u64 - 1)) as usize)
+    }
+
+    /// Copies the whole window from `from` up; false (and empty) on a
+    /// fault.
+    #[inline(always)]
+    pub(crate) fn read(&mut self, from: u64) -> bool {
+        self.read_bytes(from, Self::BYTES)
+    }
+
+    /// Copies `bytes` bytes (a constant once inlined, whole words, at most
+    /// the window's size) from `from` up; false (and empty) on a fault.
+    #[inline(always)]
+    pub(crate) fn read_bytes(&mut self, from: u64, bytes: u64) -> bool {
+        let bytes = bytes.min(Self::BYTES) & !7;
+        // SAFETY: `words` is BYTES bytes of this CPU's walk state, and
+        // `bytes` at most that; the helper checks the user address and
+        // reports a fault.
+        let read = unsafe {
+            bpf_probe_read_user_bytes(
+                self.words.as_mut_ptr().cast(),
+                bytes as u32,
+                from as *const _,
+            )
+        };
+        if read != 0 {
+            self.base = 0;
+            return false;
+        }
+        self.base = from;
+        self.len = bytes;
+        true
+    }
+}
 
 /// The walk in progress on this CPU.
 #[repr(C)]
@@ -44,17 +127,13 @@ pub(crate) struct WalkState {
     pub(crate) lookup_rules: [UnwindRule; LOOKUPS_KEPT],
     /// Bit i: `lookups[i]` was in a registered mapping.
     pub(crate) lookups_mapped: u32,
-    /// The stack window could not be read (the stack's top is near): the
-    /// walk's further reads are of the words it needs only.
-    pub(crate) stack_window_off: u32,
-    /// The user address of `stack_window[0]`; 0 when the window is empty.
-    pub(crate) stack_window_base: u64,
-    /// A copy of the stack from `stack_window_base` up. Each native
+    /// A copy of the stack from the first frame it holds up. Each native
     /// frame's words are read from here when the window holds them, else
     /// the window is read again from the frame up: one helper call for
     /// the many small frames of a deep stack, where a call per frame was
-    /// the walk's main cost.
-    pub(crate) stack_window: [u64; STACK_WINDOW_WORDS],
+    /// the walk's main cost. HotSpot's interpreted frames, which live on
+    /// the same stack, are read through it too.
+    pub(crate) stack_window: Window<STACK_WINDOW_WORDS>,
     /// User frames written so far, after `kernel_frames` kernel frames.
     pub(crate) frames: u32,
     pub(crate) kernel_frames: u32,
@@ -89,8 +168,9 @@ pub(crate) struct WalkState {
     pub(crate) py_frame: u64,
     /// The process's layout, copied once per walk.
     pub(crate) py: PyProcess,
-    /// The frame being read.
-    pub(crate) py_window: [u8; profiler_common::runtimes::python::FRAME_WINDOW],
+    /// The frame being read, and (3.11 on) the frames below it in the
+    /// thread's data stack: its callers.
+    pub(crate) py_window: Window<PY_WINDOW_WORDS>,
     /// HotSpot (`runtimes::hotspot`): `JVM_UNSTARTED`, `JVM_ON`, `JVM_OFF`.
     pub(crate) jvm_state: u32,
     pub(crate) _jvm_pad: u32,
@@ -122,8 +202,8 @@ pub(crate) fn read_pair(address: u64) -> Result<[u64; 2], ()> {
 /// The word of the walked stack at `address` (through the stack window).
 #[inline(always)]
 pub(crate) fn stack_word(state: &mut WalkState, address: u64) -> Result<u64, ()> {
-    match window_index(state, address, 1) {
-        Some(i) => state.stack_window.get(i).copied().ok_or(()),
+    match stack_words(state, address, 1) {
+        Some(i) => state.stack_window.words.get(i).copied().ok_or(()),
         None => read_user(address),
     }
 }
@@ -132,8 +212,11 @@ pub(crate) fn stack_word(state: &mut WalkState, address: u64) -> Result<u64, ()>
 /// the stack window).
 #[inline(always)]
 pub(crate) fn stack_pair(state: &mut WalkState, address: u64) -> Result<[u64; 2], ()> {
-    match window_index(state, address, 2) {
-        Some(i) => match (state.stack_window.get(i), state.stack_window.get(i + 1)) {
+    match stack_words(state, address, 2) {
+        Some(i) => match (
+            state.stack_window.words.get(i),
+            state.stack_window.words.get(i + 1),
+        ) {
             (Some(&first), Some(&second)) => Ok([first, second]),
             _ => Err(()),
         },
@@ -141,41 +224,25 @@ pub(crate) fn stack_pair(state: &mut WalkState, address: u64) -> Result<[u64; 2]
     }
 }
 
-/// Where `words` words at `address` are in the stack window, reading the
-/// window from `address` up when it does not hold them; None when the
-/// window cannot (a word not aligned, or the stack's end within the
+/// Where `count` words of the stack at `address` are in the stack window,
+/// reading the window from `address` up when it does not hold them; None
+/// when it cannot (a word not aligned, or the stack's end within the
 /// window's size: the caller reads the words alone).
 #[inline(always)]
-fn window_index(state: &mut WalkState, address: u64, words: u64) -> Option<usize> {
-    if address & 7 != 0 {
+pub(crate) fn stack_words(state: &mut WalkState, address: u64, count: u64) -> Option<usize> {
+    let window = &mut state.stack_window;
+    if let Some(i) = window.held(address, count) {
+        return Some(i);
+    }
+    if window.off != 0 || address == 0 || address & 7 != 0 {
         return None;
     }
-    let offset = address.wrapping_sub(state.stack_window_base);
-    if state.stack_window_base != 0 && offset + words * 8 <= STACK_WINDOW_BYTES {
-        // Masked as well: the verifier loses the bound of a value it
-        // compared before a shift.
-        return Some(((offset >> 3) & (STACK_WINDOW_WORDS as u64 - 1)) as usize);
-    }
-    if state.stack_window_off != 0 || address == 0 {
-        return None;
-    }
-    // SAFETY: bpf_probe_read_user checks the address; the destination is
-    // this CPU's walk state, STACK_WINDOW_BYTES long.
-    let read = unsafe {
-        aya_ebpf::helpers::generated::bpf_probe_read_user(
-            state.stack_window.as_mut_ptr().cast(),
-            STACK_WINDOW_BYTES as u32,
-            address as *const _,
-        )
-    };
-    if read != 0 {
+    if !window.read(address) {
         // Stacks grow down and a walk goes up: past here it only gets
         // nearer the end.
-        state.stack_window_off = 1;
-        state.stack_window_base = 0;
+        window.off = 1;
         return None;
     }
-    state.stack_window_base = address;
     Some(0)
 }
 

@@ -36,7 +36,9 @@ use profiler_common::runtimes::hotspot::{
 use profiler_common::unwind::UserStackEnd;
 use profiler_common::{Counter, Sample};
 
-use crate::walk::{Step, WalkState, read_pair, read_user, return_to, write_runtime_frame};
+use crate::walk::{
+    Step, WalkState, read_user, return_to, stack_pair, stack_word, stack_words, write_runtime_frame,
+};
 use crate::{bump, machine, words};
 
 /// JVMs and where they keep what the walker reads, written by user space
@@ -104,27 +106,34 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
     if fp < state.sp || fp & 7 != 0 || fp >= machine::USER_LIMIT {
         return Err(JVM_CUT_NO_CALLER);
     }
-    // The window lives in the walk state, not on this program's stack:
-    // zeroing 88 bytes there took a call to `memset`, one nested call too
-    // many for arm64's verifier (512 bytes for the program, the loop
-    // callback and its calls together).
-    // SAFETY: `jvm_frame` is INTERPRETER_WORDS words of this CPU's walk
-    // state; the helper checks the user address and reports a fault.
-    let read = unsafe {
-        bpf_probe_read_user(
-            state.jvm_frame.as_mut_ptr().cast(),
-            (INTERPRETER_WORDS * 8) as u32,
-            (fp - (FP_WORD * 8) as u64) as *const _,
-        )
-    };
-    if read != 0 {
-        return Err(JVM_CUT_READ_FAULT);
+    // The frame's slots, from the stack window (one read for the several
+    // small frames of an interpreted recursion), else read alone. That
+    // copy lives in the walk state, not on this program's stack: zeroing
+    // 88 bytes there took a call to `memset`, one nested call too many for
+    // arm64's verifier (512 bytes for the program, the loop callback and
+    // its calls together).
+    let first_slot = fp - (FP_WORD * 8) as u64;
+    let at = stack_words(state, first_slot, INTERPRETER_WORDS as u64);
+    if at.is_none() {
+        // SAFETY: `jvm_frame` is INTERPRETER_WORDS words of this CPU's walk
+        // state; the helper checks the user address and reports a fault.
+        let read = unsafe {
+            bpf_probe_read_user(
+                state.jvm_frame.as_mut_ptr().cast(),
+                (INTERPRETER_WORDS * 8) as u32,
+                first_slot as *const _,
+            )
+        };
+        if read != 0 {
+            return Err(JVM_CUT_READ_FAULT);
+        }
     }
-    let window = &state.jvm_frame;
-    let slot = |below: u8| {
-        let index = FP_WORD.wrapping_sub(below as usize);
-        window.get(index).copied().unwrap_or(0)
+    let (stack, alone) = (&state.stack_window.words, &state.jvm_frame);
+    let word = |index: usize| match at {
+        Some(at) => stack.get(at + index).copied().unwrap_or(0),
+        None => alone.get(index).copied().unwrap_or(0),
     };
+    let slot = |below: u8| word(FP_WORD.wrapping_sub(below as usize));
     let method = slot(state.jvm.method_slot);
     let sender_sp = slot(state.jvm.sender_sp_slot);
     let bcp = if exact {
@@ -132,8 +141,8 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
     } else {
         slot(state.jvm.bcp_slot)
     };
-    let caller_fp = window[FP_WORD];
-    let return_address = window[FP_WORD + 1];
+    let caller_fp = word(FP_WORD);
+    let return_address = word(FP_WORD + 1);
     let first = JVM_FRAME_TAG
         | (JVM_KIND_INTERPRETED << JVM_KIND_SHIFT)
         | if exact { JVM_EXACT } else { 0 }
@@ -212,7 +221,7 @@ fn compiled(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<S
                 if state.jvm.code_low <= state.lr && state.lr < state.jvm.code_high {
                     return leaf_return(state, state.sp);
                 }
-            } else if let Ok(return_address) = read_user(state.sp)
+            } else if let Ok(return_address) = stack_word(state, state.sp)
                 && state.jvm.code_low <= return_address
                 && return_address < state.jvm.code_high
             {
@@ -227,7 +236,7 @@ fn compiled(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<S
         if fp < state.sp || fp - state.sp > MAX_COMPILED_FRAME {
             return Err(JVM_CUT_NO_CALLER);
         }
-        let record = read_pair(fp).map_err(|_| JVM_CUT_READ_FAULT)?;
+        let record = stack_pair(state, fp).map_err(|_| JVM_CUT_READ_FAULT)?;
         state.fp = record[(machine::FRAME_RECORD_CALLER_FP / 8) as usize];
         state.sp = fp + machine::FRAME_RECORD_SIZE;
         return Ok(return_to(
@@ -262,7 +271,7 @@ fn compiled(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<S
     if caller_sp >= machine::USER_LIMIT {
         return Err(JVM_CUT_NO_CALLER);
     }
-    let record = read_pair(caller_sp - 16).map_err(|_| JVM_CUT_READ_FAULT)?;
+    let record = stack_pair(state, caller_sp - 16).map_err(|_| JVM_CUT_READ_FAULT)?;
     state.fp = record[0];
     state.sp = caller_sp;
     Ok(return_to(state, record[1]))
@@ -281,7 +290,8 @@ fn leaf_return(state: &mut WalkState, caller_sp: u64) -> Result<Step, u64> {
         state.sp = caller_sp;
         return Ok(return_to(state, lr));
     }
-    let return_address = read_user(caller_sp.wrapping_sub(8)).map_err(|_| JVM_CUT_READ_FAULT)?;
+    let return_address =
+        stack_word(state, caller_sp.wrapping_sub(8)).map_err(|_| JVM_CUT_READ_FAULT)?;
     state.sp = caller_sp;
     Ok(return_to(state, return_address))
 }

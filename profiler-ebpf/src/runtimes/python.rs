@@ -7,16 +7,13 @@
 //! recorded the eval loop's own frame, unwinds it natively, and calls
 //! [`step`] once per loop iteration until the activation's Python frames
 //! are written (one frame each), before it records the caller. Every read
-//! is bounded: a frame is read in one 112-byte window, at most
+//! is bounded: a frame is read in one 112-byte window (3.11 on, several
+//! frames in one 1 KiB read of the data stack), at most
 //! `MAX_PY_FRAMES` frames per sample are written, and a frame that cannot
 //! be read ends the Python part of the stack with a mark (its native
 //! frames go on).
 
-use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
-    macros::map,
-    maps::HashMap,
-};
+use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::map, maps::HashMap};
 use profiler_common::runtimes::python::{
     FRAME_WINDOW, MAX_PY_FRAMES, MAX_PY_PROCESSES, MAX_PY_THREADS, PY_CUT_READ_FAULT,
     PY_CUT_TOO_DEEP, PY_FRAME_TAG, PY_LAYOUT_310, PY_LAYOUT_311, PY_LAYOUT_312, PyProcess,
@@ -24,7 +21,7 @@ use profiler_common::runtimes::python::{
 };
 use profiler_common::{Counter, Sample};
 
-use crate::walk::{WalkState, read_user, write_runtime_frame};
+use crate::walk::{PY_WINDOW_WORDS, WalkState, Window, read_user, write_runtime_frame};
 use crate::{bump, machine, words};
 
 /// CPython processes and where they keep what the walker reads, written by
@@ -119,30 +116,30 @@ pub(crate) fn step(state: &mut WalkState, sample: &mut Sample) -> bool {
     if state.py_frames >= MAX_PY_FRAMES {
         return cut(state, sample, PY_CUT_TOO_DEEP);
     }
-    if !read_window(state, frame) {
+    let Some(at) = read_frame(state, frame) else {
         return cut(state, sample, PY_CUT_READ_FAULT);
-    }
-    let (window, py) = (&state.py_window, &state.py);
-    let previous = field(window, py.frame_previous);
-    let code = field(window, py.frame_code);
+    };
+    let (window, py) = (&state.py_window.words, &state.py);
+    let previous = field(window, at, py.frame_previous);
+    let code = field(window, at, py.frame_code);
     let (code, instr, ends) = match py.layout {
-        PY_LAYOUT_310 => (code, field(window, py.frame_instr) & 0xffff_ffff, true),
+        PY_LAYOUT_310 => (code, field(window, at, py.frame_instr) & 0xffff_ffff, true),
         PY_LAYOUT_311 => (
             code,
-            field(window, py.frame_instr),
-            byte(window, py.frame_is_entry) != 0,
+            field(window, at, py.frame_instr),
+            byte(window, at, py.frame_is_entry) != 0,
         ),
         PY_LAYOUT_312 => {
             // An entry frame (owned by the C stack) ends the activation
             // and is no Python function: not written.
-            if byte(window, py.frame_owner) >= py.owner_entry {
+            if byte(window, at, py.frame_owner) >= py.owner_entry {
                 state.py_frame = previous;
                 state.py_pending = 0;
                 return true;
             }
             (
                 code & !py.code_tag_bits,
-                field(window, py.frame_instr),
+                field(window, at, py.frame_instr),
                 false,
             )
         }
@@ -174,36 +171,72 @@ fn cut(state: &mut WalkState, sample: &mut Sample, reason: u64) -> bool {
     write_runtime_frame(state, sample, PY_FRAME_TAG, reason)
 }
 
-/// Reads `WINDOW` bytes of a frame into the walk state's window.
+/// Where the frame at `frame` (its first `WINDOW` bytes) is in the walk
+/// state's window, reading the window when it does not hold them; None on
+/// a fault.
+///
+/// From 3.11 on, frames sit one after the other in the thread's data
+/// stack, each caller below its callee: a window that ends where this
+/// frame's bytes end holds the next few callers too, one helper call for
+/// several frames. It starts no lower than the frame's own page, which may
+/// be the first of its chunk; where even that read fails, the frame alone
+/// is read. 3.10's frames are objects of their own on the heap: read one
+/// by one.
 #[inline(always)]
-fn read_window(state: &mut WalkState, frame: u64) -> bool {
-    // SAFETY: `py_window` is WINDOW bytes of this CPU's walk state; the
-    // helper checks the user address and reports a fault.
-    let result = unsafe {
-        bpf_probe_read_user(
-            state.py_window.as_mut_ptr().cast(),
-            WINDOW as u32,
-            frame as *const _,
-        )
-    };
-    result == 0
+fn read_frame(state: &mut WalkState, frame: u64) -> Option<usize> {
+    const FRAME_WORDS: u64 = (WINDOW / 8) as u64;
+    let window = &mut state.py_window;
+    if let Some(at) = window.held(frame, FRAME_WORDS) {
+        return Some(at);
+    }
+    if state.py.layout != PY_LAYOUT_310 {
+        let end = frame.wrapping_add(WINDOW as u64);
+        let from = end
+            .saturating_sub(Window::<PY_WINDOW_WORDS>::BYTES)
+            .max(frame & !(PAGE - 1));
+        if window.read(from) {
+            return window.held(frame, FRAME_WORDS);
+        }
+    }
+    if window.read_bytes(frame, WINDOW as u64) {
+        return window.held(frame, FRAME_WORDS);
+    }
+    None
 }
 
-/// The u64 at byte `offset` of the window (0 past its end).
+/// The smallest page (the window never starts below the frame's).
+const PAGE: u64 = 4096;
+
+/// The u64 at byte `offset` of the frame at word `at` of the window (0 past
+/// the frame's `WINDOW` bytes).
 #[inline(always)]
-fn field(window: &[u8; WINDOW], offset: u16) -> u64 {
-    let offset = offset as usize;
-    if offset > WINDOW - 8 {
+fn field(window: &[u64; PY_WINDOW_WORDS], at: usize, offset: u16) -> u64 {
+    if offset as usize > WINDOW - 8 {
         return 0;
     }
-    // SAFETY: `offset + 8 <= WINDOW`, checked above.
-    unsafe { core::ptr::read_unaligned(window.as_ptr().add(offset).cast::<u64>()) }
+    let word = at + (offset as usize >> 3);
+    let low = window.get(word).copied().unwrap_or(0);
+    let shift = u32::from(offset & 7) * 8;
+    if shift == 0 {
+        return low;
+    }
+    // A field across two words (no layout has one; read right all the same).
+    let high = window.get(word + 1).copied().unwrap_or(0);
+    (low >> shift) | (high << (64 - shift))
 }
 
-/// The byte at `offset` of the window (0 past its end).
+/// The byte at `offset` of the frame at word `at` of the window (0 past
+/// the frame's `WINDOW` bytes).
 #[inline(always)]
-fn byte(window: &[u8; WINDOW], offset: u16) -> u8 {
-    window.get(offset as usize).copied().unwrap_or(0)
+fn byte(window: &[u64; PY_WINDOW_WORDS], at: usize, offset: u16) -> u8 {
+    if offset as usize >= WINDOW {
+        return 0;
+    }
+    let word = window
+        .get(at + (offset as usize >> 3))
+        .copied()
+        .unwrap_or(0);
+    (word >> (u32::from(offset & 7) * 8)) as u8
 }
 
 /// A pointer that may be a frame: in user space and aligned.
