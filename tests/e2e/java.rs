@@ -196,13 +196,6 @@ fn java_frames_match_jfr_on_every_jdk() {
                 .filter_map(|s| Some((s.thread.as_str(), s.frames.first()?.0.as_str(), 1))),
         );
         let share = |shares: &HashMap<String, f64>, m: &str| shares.get(m).copied().unwrap_or(0.0);
-        for method in ["Main.hot", "Main.recurse", "Main.interp", "Main.jniWork"] {
-            assert!(
-                share(&our_shares, method) > 0.1,
-                "{label}: {method} is {:.1}% of ours",
-                share(&our_shares, method) * 100.0
-            );
-        }
         // Every method of 2% or more on either side (the sorter's TimSort
         // and Random methods among them), within 5 points.
         let mut methods: Vec<&String> = our_shares
@@ -227,6 +220,16 @@ fn java_frames_match_jfr_on_every_jdk() {
             "{label}: {total} agent samples, {} JFR samples: {compared:?}",
             jfr.len()
         );
+        // Each of the fixture's four busy threads holds one innermost
+        // method: every one is a fair part of the samples.
+        for method in ["Main.hot", "Main.recurse", "Main.interp", "Main.jniWork"] {
+            assert!(
+                share(&our_shares, method) > 0.1,
+                "{label}: {method} is {:.1}% of ours, {:.1}% of JFR's\n{compared:#?}",
+                share(&our_shares, method) * 100.0,
+                share(&their_shares, method) * 100.0
+            );
+        }
         for method in &methods {
             let (a, b) = (share(&our_shares, method), share(&their_shares, method));
             assert!(

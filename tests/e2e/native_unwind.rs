@@ -200,7 +200,10 @@ fn check_cpp_fixture(opt: &str) {
     // is not yet where that address says. perf --call-graph dwarf cuts these
     // samples the same way (19 of 7989 in an 8 s recording of this
     // fixture). They are left out of the share below, and must stay rare:
-    // a wrong rule in the unwinder would cut far more.
+    // a wrong rule in the unwinder would cut far more (35% of this
+    // fixture's samples are under `_Unwind_RaiseException`). The bound is
+    // 2%: runs usually catch none, but one CI run caught 5 of 395 (1.3%)
+    // with a walker that passed the same test in the runs around it.
     let installing = |s: &Stack| {
         s.frames
             .windows(2)
@@ -215,9 +218,9 @@ fn check_cpp_fixture(opt: &str) {
         100.0 * complete
     );
     assert!(
-        caught * 100 <= total,
+        caught * 50 <= total,
         "{caught} of {total} samples caught while the unwinder installed a handler: \
-         more than perf's 0.3%, a wrong rule in libgcc?\n{report}"
+         over 2% (perf: 0.3%), a wrong rule in libgcc?\n{report}"
     );
     // Samples in the plugin between its dlopen and its table reaching the
     // kernel are cut at the plugin (the agent reads the new mapping when
