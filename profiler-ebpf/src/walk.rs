@@ -31,7 +31,8 @@ pub(crate) struct Window<const WORDS: usize> {
     /// alone where the whole could not be.
     pub(crate) len: u64,
     /// Nonzero once a whole-window read failed (the stack's top is near):
-    /// the walk's further reads are of the words it needs only.
+    /// the walk's further reads are of the words it needs only. Only the
+    /// stack window sets it (`stack_words`).
     pub(crate) off: u64,
     pub(crate) words: [u64; WORDS],
 }
@@ -178,7 +179,8 @@ pub(crate) struct WalkState {
     pub(crate) jvm: JvmProcess,
     /// The blob header being read.
     pub(crate) jvm_window: [u8; BLOB_WINDOW],
-    /// The interpreter frame being read.
+    /// The interpreter frame being read, where the stack window could not
+    /// hold it.
     pub(crate) jvm_frame: [u64; INTERPRETER_WORDS],
 }
 

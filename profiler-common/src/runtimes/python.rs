@@ -84,7 +84,8 @@ pub struct PyThread {
     pub _pad: u32,
 }
 
-/// Bytes of a frame the BPF walker reads at once, into its per-CPU walk
+/// Bytes of a frame the BPF walker reads (alone for 3.10; from 3.11 on
+/// within a larger window of the data stack), into its per-CPU walk
 /// state: every field it needs lies below (3.10's `f_lasti` at 96 is the
 /// farthest; `_PyInterpreterFrame` is 80 to 88 bytes and is followed by
 /// its locals).

@@ -133,7 +133,14 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
         Some(at) => stack.get(at + index).copied().unwrap_or(0),
         None => alone.get(index).copied().unwrap_or(0),
     };
-    let slot = |below: u8| word(FP_WORD.wrapping_sub(below as usize));
+    // A slot further below than the window's first word reads as 0 on
+    // both paths (user space gives 1, 3 and 8; 9 on arm64).
+    let slot = |below: u8| {
+        if below as usize > FP_WORD {
+            return 0;
+        }
+        word(FP_WORD - below as usize)
+    };
     let method = slot(state.jvm.method_slot);
     let sender_sp = slot(state.jvm.sender_sp_slot);
     let bcp = if exact {

@@ -43,7 +43,8 @@ pub(crate) const PY_STARTED: u32 = 1;
 /// thread, or the chain was cut): eval loops stay native frames.
 pub(crate) const PY_OFF: u32 = 2;
 
-/// Bytes of a frame read at once ([`FRAME_WINDOW`]).
+/// Bytes of a frame the walker reads ([`FRAME_WINDOW`]): alone (3.10), or
+/// inside a larger window of the data stack (3.11 on).
 const WINDOW: usize = FRAME_WINDOW;
 
 /// Starts the Python frames of an eval loop activation. False when there
@@ -179,9 +180,10 @@ fn cut(state: &mut WalkState, sample: &mut Sample, reason: u64) -> bool {
 /// stack, each caller below its callee: a window that ends where this
 /// frame's bytes end holds the next few callers too, one helper call for
 /// several frames. It starts no lower than the frame's own page, which may
-/// be the first of its chunk; where even that read fails, the frame alone
-/// is read. 3.10's frames are objects of their own on the heap: read one
-/// by one.
+/// be the first of its chunk (it then reaches further above the frame,
+/// into the same chunk). The frame is read alone where that read fails
+/// all the same (a fault a page cannot explain; not expected). 3.10's
+/// frames are objects of their own on the heap: read one by one.
 #[inline(always)]
 fn read_frame(state: &mut WalkState, frame: u64) -> Option<usize> {
     const FRAME_WORDS: u64 = (WINDOW / 8) as u64;
@@ -194,7 +196,8 @@ fn read_frame(state: &mut WalkState, frame: u64) -> Option<usize> {
         let from = end
             .saturating_sub(Window::<PY_WINDOW_WORDS>::BYTES)
             .max(frame & !(PAGE - 1));
-        if window.read(from) {
+        // A base of 0 means an empty window: not for a frame in page 0.
+        if from != 0 && window.read(from) {
             return window.held(frame, FRAME_WORDS);
         }
     }
