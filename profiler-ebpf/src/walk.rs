@@ -82,16 +82,8 @@ impl<const WORDS: usize> Window<WORDS> {
     pub(crate) fn read_bytes(&mut self, from: u64, bytes: u64) -> bool {
         let bytes = bytes.min(Self::BYTES) & !7;
         // SAFETY: `words` is BYTES bytes of this CPU's walk state, and
-        // `bytes` at most that; the helper checks the user address and
-        // reports a fault.
-        let read = unsafe {
-            bpf_probe_read_user_bytes(
-                self.words.as_mut_ptr().cast(),
-                bytes as u32,
-                from as *const _,
-            )
-        };
-        if read != 0 {
+        // `bytes` at most that.
+        if !unsafe { read_into(self.words.as_mut_ptr().cast(), bytes, from) } {
             self.base = 0;
             return false;
         }
@@ -199,6 +191,18 @@ pub(crate) fn read_user(address: u64) -> Result<u64, ()> {
 pub(crate) fn read_pair(address: u64) -> Result<[u64; 2], ()> {
     // SAFETY: bpf_probe_read_user checks the address; a fault is an Err.
     unsafe { bpf_probe_read_user(address as *const [u64; 2]) }.map_err(|_| ())
+}
+
+/// Copies `bytes` bytes of user memory at `from` to `to`; false on a fault
+/// (the helper checks the user address).
+///
+/// # Safety
+/// `to` must be `bytes` writable bytes of this program's memory (its walk
+/// state, or a local).
+#[inline(always)]
+pub(crate) unsafe fn read_into(to: *mut u8, bytes: u64, from: u64) -> bool {
+    // SAFETY: the caller's promise for `to`.
+    unsafe { bpf_probe_read_user_bytes(to.cast(), bytes as u32, from as *const _) == 0 }
 }
 
 /// The word of the walked stack at `address` (through the stack window).

@@ -21,11 +21,7 @@
 //! Every read is checked; a frame that cannot be followed ends the walk
 //! with a cut mark (counted), never a guess.
 
-use aya_ebpf::{
-    helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
-    macros::map,
-    maps::HashMap,
-};
+use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::map, maps::HashMap};
 use profiler_common::runtimes::hotspot::{
     BLOB_WINDOW, INTERPRETER_WORDS, JVM_ADDRESS_MASK, JVM_CUT_NO_BLOB, JVM_CUT_NO_CALLER,
     JVM_CUT_READ_FAULT, JVM_EXACT, JVM_FLAG_CODE_OFFSET, JVM_FLAG_FRAME_COMPLETE_16,
@@ -37,7 +33,8 @@ use profiler_common::unwind::UserStackEnd;
 use profiler_common::{Counter, Sample};
 
 use crate::walk::{
-    Step, WalkState, read_user, return_to, stack_pair, stack_word, stack_words, write_runtime_frame,
+    Step, WalkState, read_into, read_user, return_to, stack_pair, stack_word, stack_words,
+    write_runtime_frame,
 };
 use crate::{bump, machine, words};
 
@@ -115,16 +112,10 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
     let first_slot = fp - (FP_WORD * 8) as u64;
     let at = stack_words(state, first_slot, INTERPRETER_WORDS as u64);
     if at.is_none() {
+        let to = state.jvm_frame.as_mut_ptr().cast();
         // SAFETY: `jvm_frame` is INTERPRETER_WORDS words of this CPU's walk
-        // state; the helper checks the user address and reports a fault.
-        let read = unsafe {
-            bpf_probe_read_user(
-                state.jvm_frame.as_mut_ptr().cast(),
-                (INTERPRETER_WORDS * 8) as u32,
-                first_slot as *const _,
-            )
-        };
-        if read != 0 {
+        // state.
+        if !unsafe { read_into(to, (INTERPRETER_WORDS * 8) as u64, first_slot) } {
             return Err(JVM_CUT_READ_FAULT);
         }
     }
@@ -174,16 +165,9 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
 fn compiled(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<Step, u64> {
     let pc = state.pc;
     let blob = find_blob(state, pc)?;
-    // SAFETY: `jvm_window` is BLOB_WINDOW bytes of this CPU's walk state;
-    // the helper checks the user address and reports a fault.
-    let read = unsafe {
-        bpf_probe_read_user(
-            state.jvm_window.as_mut_ptr().cast(),
-            BLOB_WINDOW as u32,
-            blob as *const _,
-        )
-    };
-    if read != 0 {
+    let to = state.jvm_window.as_mut_ptr();
+    // SAFETY: `jvm_window` is BLOB_WINDOW bytes of this CPU's walk state.
+    if !unsafe { read_into(to, BLOB_WINDOW as u64, blob) } {
         return Err(JVM_CUT_READ_FAULT);
     }
     let jvm = &state.jvm;
@@ -373,10 +357,8 @@ fn find_blob(state: &WalkState, pc: u64) -> Result<u64, u64> {
 #[inline(always)]
 fn read_byte(address: u64) -> Result<u8, u64> {
     let mut byte = 0u8;
-    // SAFETY: one byte into a local; the helper checks the user address.
-    let read =
-        unsafe { bpf_probe_read_user((&mut byte as *mut u8).cast(), 1, address as *const _) };
-    if read != 0 {
+    // SAFETY: one byte into a local.
+    if !unsafe { read_into(&mut byte, 1, address) } {
         return Err(JVM_CUT_READ_FAULT);
     }
     Ok(byte)
