@@ -139,6 +139,14 @@ pub const RULE_FLAG_UNSUPPORTED: u8 = 1 << 2;
 /// of this activation in place of its native frame (see
 /// `runtimes::python`), then unwinds it by the rest of the rule.
 pub const RULE_FLAG_INTERPRETER: u8 = 1 << 3;
+/// Go code entered by a call its signal handler faked (`runtime.asyncPreempt`
+/// for asynchronous preemption, `runtime.sigpanic` for a fault): the
+/// caller's PC is the one the signal interrupted, exact, not a return
+/// address; on arm64 the handler also moved SP 16 bytes down to save the
+/// interrupted LR there, so the caller's SP is 16 above the CFA and its LR,
+/// if it has not saved it yet, is that word (runtime/traceback.go,
+/// `injectedCall`; runtime/signal_arm64.go, `pushCall`).
+pub const RULE_FLAG_GO_INJECTED_CALL: u8 = 1 << 4;
 
 /// A mapping of a process whose object has a table.
 #[repr(C)]

@@ -58,6 +58,12 @@ mod layout {
     pub const SIGNAL_SP: u64 = 40 + 15 * 8;
     pub const SIGNAL_PC: u64 = 40 + 16 * 8;
     pub const SIGNAL_LR: Option<u64> = None;
+
+    /// Go's signal handler fakes a call by pushing the interrupted PC as a
+    /// return address, as a `call` would (runtime/signal_amd64.go,
+    /// `pushCall`): nothing more lies between the callee's CFA and the
+    /// interrupted frame.
+    pub const GO_INJECTED_CALL_SLOT: u64 = 0;
 }
 
 #[cfg(bpf_target_arch = "aarch64")]
@@ -109,6 +115,11 @@ mod layout {
     pub const SIGNAL_LR: Option<u64> = Some(MCONTEXT + 8 + 30 * 8);
     pub const SIGNAL_SP: u64 = MCONTEXT + 8 + 31 * 8;
     pub const SIGNAL_PC: u64 = MCONTEXT + 8 + 32 * 8;
+
+    /// Go's signal handler, before it fakes a call, saves the interrupted
+    /// LR in 16 bytes it takes below the interrupted SP (16 for the stack's
+    /// alignment; runtime/signal_arm64.go, `pushCall` and `preparePanic`).
+    pub const GO_INJECTED_CALL_SLOT: u64 = 16;
 }
 
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]
@@ -116,7 +127,7 @@ compile_error!(
     "profiler-ebpf supports x86_64 and aarch64 (set by profiler-bpf's build script from the agent's target)"
 );
 
-pub use layout::{SIGNAL_FP, SIGNAL_LR, SIGNAL_PC, SIGNAL_SP, USER_LIMIT};
+pub use layout::{GO_INJECTED_CALL_SLOT, SIGNAL_FP, SIGNAL_LR, SIGNAL_PC, SIGNAL_SP, USER_LIMIT};
 
 /// Where `task_struct.thread`'s thread pointer is (x86_64:
 /// `thread.fsbase`), from the kernel's BTF; 0 when unknown. Set by the

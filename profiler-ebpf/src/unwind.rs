@@ -20,10 +20,10 @@ use aya_ebpf::{
 use profiler_common::unwind::{
     DEFAULT_UNWIND_ROW_BLOCKS, FRAME_EXACT_PC, MAX_PROCESS_UNWIND_MAPPINGS, MAX_UNWIND_MAPPINGS,
     MAX_UNWIND_PAGES, MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind, RULE_CFA_DEREF_FP,
-    RULE_CFA_FP, RULE_CFA_SP, RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_INTERPRETER,
-    RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_PLT,
-    RULE_ROOT, RULE_SIGNAL, RULE_STOP, UNWIND_PAGE_SHIFT, UNWIND_ROWS_PER_BLOCK, UnwindMapping,
-    UnwindPage, UnwindRowBlock, UnwindRule, UserStackEnd,
+    RULE_CFA_FP, RULE_CFA_SP, RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_GO_INJECTED_CALL,
+    RULE_FLAG_INTERPRETER, RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_GO_CGOCALL,
+    RULE_GO_CGOCALLBACK, RULE_PLT, RULE_ROOT, RULE_SIGNAL, RULE_STOP, UNWIND_PAGE_SHIFT,
+    UNWIND_ROWS_PER_BLOCK, UnwindMapping, UnwindPage, UnwindRowBlock, UnwindRule, UserStackEnd,
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
@@ -386,7 +386,26 @@ fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step,
         state.fp = 0;
     }
     state.sp = cfa;
-    Ok(return_to(state, return_address))
+    let step = return_to(state, return_address);
+    if rule.flags & RULE_FLAG_GO_INJECTED_CALL != 0 {
+        go_injected_call_return(state, cfa)?;
+    }
+    Ok(step)
+}
+
+/// The frame a Go signal handler's faked call returns to (see
+/// `RULE_FLAG_GO_INJECTED_CALL`), as Go's traceback finds it: its PC is the
+/// interrupted one, exact; on arm64 its SP is above the slot where the
+/// handler saved its LR, and that LR is its return address while it has
+/// not saved it in a frame of its own.
+#[inline(always)]
+fn go_injected_call_return(state: &mut WalkState, cfa: u64) -> Result<(), ()> {
+    state.exact_pc = 1;
+    if machine::GO_INJECTED_CALL_SLOT != 0 {
+        state.lr = machine::strip_pointer_auth(stack_word(state, cfa)?);
+        state.sp = cfa + machine::GO_INJECTED_CALL_SLOT;
+    }
+    Ok(())
 }
 
 /// Caller of a signal trampoline: the registers the signal interrupted,

@@ -214,6 +214,21 @@ wait_for() {
     script.push_str(&format!(
         "profile go-labels {SECONDS} /bin/go-labels labels 600 /tmp/own-labels.pprof\n"
     ));
+    // Faults that enter runtime.sigpanic by a faked call, after the
+    // handler saved LR below SP; Go's own stack of the code under it.
+    script.push_str(&format!(
+        r#"
+begin go-faults
+/bin/go-labels faults 600 /tmp/go-faults-own.txt > /dev/null & P=$!
+wait_for /tmp/go-faults-own.txt "^end"
+$A --pid $P -d {SECONDS}s -o /tmp/go-faults.pb.gz
+rc=$?
+kill $P; wait $P 2>/dev/null
+file /tmp/go-faults-own.txt
+file /tmp/go-faults.pb.gz
+end go-faults $rc
+"#
+    ));
     for (_, name) in GO_STATE {
         script.push_str(&format!(
             r#"
@@ -961,6 +976,41 @@ fn arm64_go_samples_carry_their_goroutines_labels() {
             describe(st)
         );
     }
+}
+
+/// A fault in Go code on arm64: the signal handler saves the faulting
+/// function's LR in 16 bytes below its SP, then fakes a call to
+/// `runtime.sigpanic` from the faulting PC. `main.load` has no frame, so
+/// its return address is that saved word. Every sample in the deferred
+/// function that runs under sigpanic is Go's own stack of it
+/// (`runtime.Callers`, written by the fixture in the guest), frame for
+/// frame, through the faulting frame to the root (the x86_64 test is
+/// `go_stacks_through_a_faulting_frame_are_go_s_own`).
+#[test]
+fn arm64_go_stacks_through_a_faulting_frame_are_go_s_own() {
+    let (s, _) = scenario("go-faults");
+    let own = s
+        .files
+        .get("/tmp/go-faults-own.txt")
+        .and_then(|bytes| go_own_stack(&String::from_utf8_lossy(bytes)))
+        .unwrap_or_else(|| panic!("the fixture wrote no stack of its own:\n{}", s.log));
+    let stacks = stacks(&profile_of(s, "go-faults"));
+    let (agree, total, disagree) = agree_from(&stacks, "main.afterFault", &own, &[]);
+    println!(
+        "{agree} of {total} samples in main.afterFault are Go's own stack {}",
+        own.join(";")
+    );
+    assert!(
+        total >= 20,
+        "only {total} samples in main.afterFault\n{}",
+        s.log
+    );
+    assert!(
+        agree == total,
+        "{} of {total} samples in main.afterFault are not Go's own stack {own:?}; some:\n{}",
+        total - agree,
+        disagree.join("\n")
+    );
 }
 
 /// The sample caught the kernel setting up a signal's frame: it rewrites

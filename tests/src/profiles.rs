@@ -146,3 +146,54 @@ pub fn histogram_rows(text: &str, header: &str) -> Vec<(String, u64)> {
         })
         .collect()
 }
+
+/// Go's own stack from a fixture that wrote `runtime.Callers` frames one
+/// per line, `FUNCTION FILE:LINE`, leaf first, then `end` (the go-unwind
+/// fixture's `faults` workload); None until the `end` line is there.
+pub fn go_own_stack(text: &str) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    for line in text.lines() {
+        if line == "end" {
+            return Some(names);
+        }
+        names.push(line.split(' ').next()?.to_string());
+    }
+    None
+}
+
+/// Compares every sample through `from` (a function of Go's own stack
+/// `own`, leaf first) with it: the sample's frames from `from` outward
+/// must be exactly `own`'s from `from` outward, but for the frames named
+/// in `elided`, which Go's traceback leaves out of its own (as it does
+/// wrappers). Returns the samples that agree, all of them, and up to ten
+/// that do not, described.
+pub fn agree_from(
+    stacks: &[Stack],
+    from: &str,
+    own: &[String],
+    elided: &[&str],
+) -> (i64, i64, Vec<String>) {
+    let expected = match own.iter().position(|name| name == from) {
+        Some(at) => &own[at..],
+        None => panic!("{from} is not in Go's own stack {own:?}"),
+    };
+    let (mut agree, mut total, mut disagree) = (0, 0, Vec::new());
+    for stack in stacks {
+        let Some(at) = stack.depth_of(from) else {
+            continue;
+        };
+        total += stack.count;
+        let ours: Vec<&str> = stack.frames[at..]
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !elided.contains(n))
+            .collect();
+        if ours == expected {
+            agree += stack.count;
+        } else if disagree.len() < 10 {
+            let all: Vec<&str> = stack.frames.iter().map(|(n, _)| n.as_str()).collect();
+            disagree.push(format!("{} {}", stack.count, all.join(";")));
+        }
+    }
+    (agree, total, disagree)
+}

@@ -9,8 +9,9 @@ use anyhow::Context;
 use clap::Args;
 use profiler_common::unwind::{
     RULE_CFA_DEREF_FP, RULE_CFA_FP, RULE_CFA_SP, RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST,
-    RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_PLT,
-    RULE_ROOT, RULE_SIGNAL, RULE_STOP, UnwindPage, UnwindRow, UnwindRule,
+    RULE_FLAG_GO_INJECTED_CALL, RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_GO_CGOCALL,
+    RULE_GO_CGOCALLBACK, RULE_PLT, RULE_ROOT, RULE_SIGNAL, RULE_STOP, UnwindPage, UnwindRow,
+    UnwindRule,
 };
 use serde::Serialize;
 
@@ -215,7 +216,7 @@ pub fn describe(rule: &UnwindRule) -> String {
         format!("ra=[CFA{:+}]", rule.ra_offset)
     };
     let o = rule.cfa_offset;
-    match rule.kind {
+    let described: String = match rule.kind {
         RULE_FRAME_POINTER if rule.flags & RULE_FLAG_UNSUPPORTED != 0 => {
             "frame pointer (the CFI here is not modelled)".into()
         }
@@ -233,5 +234,10 @@ pub fn describe(rule: &UnwindRule) -> String {
         RULE_GO_CGOCALL => "Go asmcgocall: back onto the goroutine's stack".into(),
         RULE_GO_CGOCALLBACK => format!("Go cgocallback: CFA=sp{o:+} on the system stack"),
         other => format!("unknown rule kind {other}"),
+    };
+    if rule.flags & RULE_FLAG_GO_INJECTED_CALL != 0 {
+        format!("{described}; entered by a call Go's signal handler faked")
+    } else {
+        described
     }
 }

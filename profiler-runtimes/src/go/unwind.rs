@@ -19,8 +19,8 @@
 //! return address is still in LR.
 
 use profiler_common::unwind::{
-    RULE_CFA_SP, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_ROOT, RULE_SIGNAL, RULE_STOP,
-    UnwindRule,
+    RULE_CFA_SP, RULE_FLAG_GO_INJECTED_CALL, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_ROOT,
+    RULE_SIGNAL, RULE_STOP, UnwindRule,
 };
 
 use profiler_unwind::cfi::Arch;
@@ -69,6 +69,15 @@ const SIGNAL_HANDLERS: &[&str] = &["runtime.sigtramp", "runtime.cgoSigtramp"];
 /// The restorers Go installs as `sa_restorer` (amd64): the signal frame's
 /// trampoline (`runtime.sigreturn` before Go 1.20).
 const SIGNAL_RESTORERS: &[&str] = &["runtime.sigreturn__sigaction", "runtime.sigreturn"];
+
+/// Functions Go's signal handler enters by faking a call from the
+/// interrupted PC (runtime/traceback.go's `injectedCall`; `sigpanic0` is
+/// the assembly stub some ports push, which jumps to `sigpanic`).
+pub const INJECTED_CALLS: &[&str] = &[
+    "runtime.asyncPreempt",
+    "runtime.sigpanic",
+    "runtime.sigpanic0",
+];
 
 /// `runtime.cgocallback` runs Go code called from C on the goroutine's
 /// stack, in a frame it built so that the goroutine's saved PC looks like
@@ -223,6 +232,9 @@ pub fn rows(functions: &[GoFunctionUnwind], arch: Arch) -> ObjectTable {
                     let mut rule = pcsp_rule(delta, arch);
                     if name == CGOCALLBACK && arch == Arch::X86_64 {
                         rule.kind = RULE_GO_CGOCALLBACK;
+                    }
+                    if INJECTED_CALLS.contains(&name) {
+                        rule.flags |= RULE_FLAG_GO_INJECTED_CALL;
                     }
                     rows.push(TableRow {
                         address: start,
@@ -417,6 +429,49 @@ mod tests {
             (body.kind, body.cfa_offset, body.ra_offset, body.fp_offset),
             (RULE_CFA_SP, 0x30, -0x30, -0x38)
         );
+    }
+
+    #[test]
+    fn calls_the_signal_handler_faked_are_marked() {
+        let functions = [
+            function(
+                "runtime.asyncPreempt",
+                0x1000,
+                0x1100,
+                FUNC_FLAG_ASM,
+                &[(0x1000, 0x1008, 0), (0x1008, 0x1100, 496)],
+            ),
+            function(
+                "runtime.sigpanic",
+                0x1100,
+                0x1180,
+                0,
+                &[(0x1100, 0x1180, 0x20)],
+            ),
+            function(
+                "runtime.asyncPreempt2",
+                0x1180,
+                0x1200,
+                0,
+                &[(0x1180, 0x1200, 0x20)],
+            ),
+        ];
+        for arch in [Arch::X86_64, Arch::Aarch64] {
+            let table = rows(&functions, arch);
+            let marked =
+                |address| table.rule_at(address).unwrap().flags & RULE_FLAG_GO_INJECTED_CALL != 0;
+            assert!(
+                marked(0x1000) && marked(0x1010) && marked(0x1110),
+                "{arch:?}"
+            );
+            // An ordinary call, whatever its name looks like.
+            assert!(!marked(0x1190), "{arch:?}");
+            // The rest of the rule is the pcsp rule.
+            assert_eq!(
+                table.rule_at(0x1010).unwrap().cfa_offset,
+                pcsp_rule(496, arch).cfa_offset
+            );
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ use super::layout::{
     STATUS_SCAN, STATUS_SYSCALL, STATUS_WAITING,
 };
 use super::{GoTarget, StateError, globals};
+use crate::go::unwind::INJECTED_CALLS;
 use crate::memory::Memory;
 
 /// Most goroutines read: a million parked goroutines is a program in
@@ -56,7 +57,9 @@ pub struct Goroutine {
     /// call).
     pub thread: Option<u32>,
     /// Return addresses, innermost first (empty while running, unless
-    /// read from its stopped thread's registers).
+    /// read from its stopped thread's registers). The PC a call faked by
+    /// the signal handler returns to (a preempted goroutine's, under
+    /// `runtime.asyncPreempt`) is given + 1, as the runtime gives it.
     pub pcs: Vec<u64>,
     /// `pcs[0]` is the PC its thread was stopped at, not a return
     /// address.
@@ -374,17 +377,28 @@ impl GoTarget {
     /// is at its top (amd64) or at SP, where the prologue saved LR
     /// (arm64). Stops at the outermost function (`goexit`), at a PC
     /// outside the pclntab, or when the stack pointer leaves the stack.
+    ///
+    /// A goroutine preempted asynchronously is parked under
+    /// `runtime.asyncPreempt`, which its signal handler entered by faking a
+    /// call from the interrupted PC (`sigpanic` the same way): that PC is
+    /// exact, and is given as PC + 1, the runtime's own convention for a
+    /// frame no call made (runtime/traceback.go, `tracebackPCs`); on arm64
+    /// the handler saved the interrupted LR in 16 bytes below the
+    /// interrupted SP.
     fn walk(
         &self,
         mut pc: u64,
         mut sp: u64,
         lo: u64,
         hi: u64,
-        lr: Option<u64>,
+        mut lr: Option<u64>,
     ) -> (Vec<u64>, bool) {
         let arm64 = self.symbols.pc_quantum() == 4;
         let mut stack = StackWindow::new(hi);
         let mut pcs = vec![pc];
+        // `pc` is where its function is, not a return address: the first
+        // frame, and the frame a faked call returns to.
+        let mut exact = true;
         while pcs.len() < MAX_FRAMES {
             if sp < lo || sp >= hi {
                 return (pcs, true);
@@ -392,11 +406,7 @@ impl GoTarget {
             // A return address can be the end of its function (a call
             // that never returns): look the function up at the call.
             let link = self.link_address(pc);
-            let at = if pcs.len() == 1 {
-                link
-            } else {
-                link.wrapping_sub(1)
-            };
+            let at = if exact { link } else { link.wrapping_sub(1) };
             let Some(function) = self.symbols.function(at) else {
                 return (pcs, true);
             };
@@ -409,11 +419,11 @@ impl GoTarget {
             else {
                 return (pcs, true);
             };
-            let (ret, caller_sp) = if arm64 && delta == 0 {
+            let (ret, mut caller_sp) = if arm64 && delta == 0 {
                 // A leaf without a frame: its return address is in LR, a
                 // register (known for the innermost frame of a stopped
-                // thread only).
-                match lr.filter(|_| pcs.len() == 1) {
+                // thread, and after a faked call).
+                match lr {
                     Some(lr) => (lr, sp),
                     None => return (pcs, true),
                 }
@@ -434,7 +444,16 @@ impl GoTarget {
             if ret == 0 {
                 return (pcs, false);
             }
-            pcs.push(ret);
+            lr = None;
+            exact = INJECTED_CALLS.contains(&&*function.name());
+            if exact && arm64 {
+                let Some(saved) = stack.u64(&self.memory, caller_sp) else {
+                    return (pcs, true);
+                };
+                lr = Some(saved);
+                caller_sp = caller_sp.wrapping_add(16);
+            }
+            pcs.push(if exact { ret.wrapping_add(1) } else { ret });
             pc = ret;
             sp = caller_sp;
         }
@@ -631,12 +650,21 @@ struct Printed {
 }
 
 fn print_frames(target: &GoTarget, g: &Goroutine, out: &mut String) {
-    let all: Vec<(Printed, bool)> = g
-        .pcs
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &pc)| logical_frames(target, pc, i == 0 && g.from_registers))
-        .collect();
+    let mut all: Vec<(Printed, bool)> = Vec::new();
+    // The PC a faked call returns to is given + 1 (see `walk`); Go prints
+    // it as it is.
+    let mut after_faked_call = false;
+    for (i, &pc) in g.pcs.iter().enumerate() {
+        let frames = if after_faked_call {
+            logical_frames(target, pc.wrapping_sub(1), true)
+        } else {
+            logical_frames(target, pc, i == 0 && g.from_registers)
+        };
+        after_faked_call = frames
+            .last()
+            .is_some_and(|(physical, _)| INJECTED_CALLS.contains(&physical.name.as_str()));
+        all.extend(frames);
+    }
     let mut shown: Vec<&Printed> = all
         .iter()
         .filter(|(_, show)| *show)
