@@ -626,7 +626,10 @@ fn forged_interpreter_memory_is_bounded_and_marked() {
                 );
                 assert!(names.contains("[python: deeper frames cut]"), "{names:?}");
                 // The name, cut at 1024 characters and marked.
-                let forged = names.iter().find(|n| n.starts_with("NNNN")).unwrap();
+                let forged = names
+                    .iter()
+                    .find(|n| n.starts_with("NNNN"))
+                    .unwrap_or_else(|| panic!("no forged name among {names:#?}\n{report}"));
                 assert_eq!(forged.chars().count(), 1025, "{forged:.40}…");
                 assert!(forged.ends_with('…'));
             }
