@@ -637,7 +637,13 @@ fn arm64_go_stacks_are_complete_with_inline_frames_and_match_go_addr2line() {
                 // is in no vDSO function.
                 for (i, pair) in user.windows(2).enumerate() {
                     let name = location_function(pair[0]);
-                    if name == "__kernel_rt_sigreturn" || (i == 0 && name.starts_with("[vdso]")) {
+                    // So is the PC a call the signal handler faked
+                    // returns to.
+                    if name == "__kernel_rt_sigreturn"
+                        || (i == 0 && name.starts_with("[vdso]"))
+                        || name == "runtime.asyncPreempt"
+                        || name == "runtime.sigpanic"
+                    {
                         leaves.insert(pair[1].address);
                     }
                 }
@@ -994,6 +1000,10 @@ fn arm64_go_stacks_through_a_faulting_frame_are_go_s_own() {
         .get("/tmp/go-faults-own.txt")
         .and_then(|bytes| go_own_stack(&String::from_utf8_lossy(bytes)))
         .unwrap_or_else(|| panic!("the fixture wrote no stack of its own:\n{}", s.log));
+    assert!(
+        own.iter().any(|f| f == "runtime.sigpanic") && own.iter().any(|f| f == "main.load"),
+        "Go's own stack does not go through the fault: {own:?}"
+    );
     let stacks = stacks(&profile_of(s, "go-faults"));
     let (agree, total, disagree) = agree_from(&stacks, "main.afterFault", &own, &[]);
     println!(
@@ -1011,24 +1021,6 @@ fn arm64_go_stacks_through_a_faulting_frame_are_go_s_own() {
         total - agree,
         disagree.join("\n")
     );
-}
-
-/// The sample caught the kernel setting up a signal's frame: it rewrites
-/// the user registers one by one (arm64's setup_return: SP, FP, PC, then
-/// the link register), so they may be half the handler's and half the
-/// interrupted code's, and no unwinder can tell.
-fn delivering_signal(stack: &Stack) -> bool {
-    const DELIVERY: &[&str] = &[
-        "do_notify_resume",
-        "do_signal",
-        "handle_signal",
-        "setup_rt_frame",
-        "signal_setup_done",
-    ];
-    stack
-        .frames
-        .iter()
-        .any(|(name, kernel)| *kernel && DELIVERY.contains(&name.as_str()))
 }
 
 /// A C program's signal handler (glibc sets no sa_restorer on arm64

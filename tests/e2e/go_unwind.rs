@@ -237,6 +237,10 @@ fn go_stacks_through_a_faulting_frame_are_go_s_own() {
             );
             std::thread::sleep(std::time::Duration::from_millis(50));
         };
+        assert!(
+            own.iter().any(|f| f == "runtime.sigpanic") && own.iter().any(|f| f == "main.load"),
+            "Go {version}: Go's own stack does not go through the fault: {own:?}"
+        );
         let out = dir.path().join("go.pb.gz");
         let pid = fixture.pid().to_string();
         record(&[

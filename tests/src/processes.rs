@@ -235,14 +235,39 @@ impl Background {
         }
     }
 
-    /// Sends SIGINT (Ctrl-C) and collects the output.
+    /// Sends SIGINT (Ctrl-C) and collects the output. The signal is sent
+    /// again every 2 s while the program runs: bpftrace once caught one
+    /// and slept on in epoll_wait for 18 minutes (the signal landed before
+    /// it went to sleep, it seems); a second one ended it at once. After
+    /// 60 s it is killed and the test fails.
     pub fn interrupt(mut self) -> Finished {
-        let status = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status()
-            .expect("running kill");
-        assert!(status.success(), "kill -INT {} failed", self.child.id());
-        let status = self.child.wait().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            let sent = Command::new("kill")
+                .args(["-INT", &self.child.id().to_string()])
+                .status()
+                .expect("running kill");
+            let waited = std::time::Instant::now() + Duration::from_secs(2);
+            while std::time::Instant::now() < waited {
+                if self.child.try_wait().unwrap().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(sent.success(), "kill -INT {} failed", self.child.id());
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!(
+                    "{} did not exit within 60 s of SIGINT: stderr {:?}",
+                    self.name,
+                    self.stderr.lock().unwrap()
+                );
+            }
+        };
         for reader in self.readers.drain(..) {
             reader.join().unwrap();
         }

@@ -165,8 +165,10 @@ pub fn go_own_stack(text: &str) -> Option<Vec<String>> {
 /// `own`, leaf first) with it: the sample's frames from `from` outward
 /// must be exactly `own`'s from `from` outward, but for the frames named
 /// in `elided`, which Go's traceback leaves out of its own (as it does
-/// wrappers). Returns the samples that agree, all of them, and up to ten
-/// that do not, described.
+/// wrappers). Samples that caught the kernel delivering a signal are left
+/// out: it rewrites the user registers one by one, and no unwinder can
+/// tell half of them from the other. Returns the samples that agree, all
+/// of them, and up to ten that do not, described.
 pub fn agree_from(
     stacks: &[Stack],
     from: &str,
@@ -182,6 +184,9 @@ pub fn agree_from(
         let Some(at) = stack.depth_of(from) else {
             continue;
         };
+        if delivering_signal(stack) {
+            continue;
+        }
         total += stack.count;
         let ours: Vec<&str> = stack.frames[at..]
             .iter()
@@ -196,4 +201,24 @@ pub fn agree_from(
         }
     }
     (agree, total, disagree)
+}
+
+/// The sample caught the kernel setting up a signal's frame: it rewrites
+/// the user registers one by one (arm64's setup_return: SP, FP, PC, then
+/// the link register), so they may be half the handler's and half the
+/// interrupted code's.
+pub fn delivering_signal(stack: &Stack) -> bool {
+    const DELIVERY: &[&str] = &[
+        "do_notify_resume",
+        "do_signal",
+        "handle_signal",
+        "setup_rt_frame",
+        "signal_setup_done",
+        "arch_do_signal_or_restart",
+        "x64_setup_rt_frame",
+    ];
+    stack
+        .frames
+        .iter()
+        .any(|(name, kernel)| *kernel && DELIVERY.contains(&name.as_str()))
 }

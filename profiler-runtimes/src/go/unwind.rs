@@ -77,6 +77,8 @@ pub const INJECTED_CALLS: &[&str] = &[
     "runtime.asyncPreempt",
     "runtime.sigpanic",
     "runtime.sigpanic0",
+    // A call a debugger injects (Delve's function calls).
+    "runtime.debugCallV2",
 ];
 
 /// `runtime.cgocallback` runs Go code called from C on the goroutine's
@@ -226,7 +228,21 @@ pub fn rows(functions: &[GoFunctionUnwind], arch: Arch) -> ObjectTable {
             }
             None => {
                 for &(start, end, delta) in &function.pcsp {
-                    if end <= start || start < function.entry || delta < 0 {
+                    if end <= start || start < function.entry {
+                        continue;
+                    }
+                    // SP above the CFA: the last instruction of arm64's
+                    // asyncPreempt, which has popped the handler's 16
+                    // bytes too. No rule describes it: stop there, not
+                    // under the row before.
+                    if delta < 0 {
+                        rows.push(TableRow {
+                            address: start,
+                            rule: UnwindRule {
+                                kind: RULE_STOP,
+                                ..Default::default()
+                            },
+                        });
                         continue;
                     }
                     let mut rule = pcsp_rule(delta, arch);
@@ -439,7 +455,11 @@ mod tests {
                 0x1000,
                 0x1100,
                 FUNC_FLAG_ASM,
-                &[(0x1000, 0x1008, 0), (0x1008, 0x1100, 496)],
+                &[
+                    (0x1000, 0x1008, 0),
+                    (0x1008, 0x10fc, 496),
+                    (0x10fc, 0x1100, -16),
+                ],
             ),
             function(
                 "runtime.sigpanic",
@@ -466,6 +486,8 @@ mod tests {
             );
             // An ordinary call, whatever its name looks like.
             assert!(!marked(0x1190), "{arch:?}");
+            // Past the handler's slot (the JMP back): no rule.
+            assert_eq!(table.rule_at(0x10fc), Some(kind(RULE_STOP)), "{arch:?}");
             // The rest of the rule is the pcsp rule.
             assert_eq!(
                 table.rule_at(0x1010).unwrap().cfa_offset,

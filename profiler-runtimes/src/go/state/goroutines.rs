@@ -756,7 +756,11 @@ fn logical_frames(target: &GoTarget, pc: u64, exact: bool) -> Vec<(Printed, bool
                     name,
                     file: frame.file.clone().unwrap_or_else(|| "?".into()),
                     line: frame.line.unwrap_or(0),
-                    offset: physical.then(|| link.wrapping_sub(entry)),
+                    // Go prints none at the entry itself (a fault on a
+                    // function's first instruction).
+                    offset: physical
+                        .then(|| link.wrapping_sub(entry))
+                        .filter(|&o| o > 0),
                 },
                 show,
             )
