@@ -51,27 +51,29 @@ fn build(version: &str) -> PathBuf {
     out
 }
 
+/// The stacks of a profile of `fixture` for `duration` (with `extra`
+/// options), and the agent's report.
+fn profile(fixture: &Running, duration: &str, extra: &[&str]) -> (Vec<Stack>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("go.pb.gz");
+    let pid = fixture.pid().to_string();
+    let mut args = vec!["--pid", &pid, "--duration", duration, "-q", "-o"];
+    args.push(out.to_str().unwrap());
+    args.extend_from_slice(extra);
+    let report = record(&args);
+    (stacks(&read_pprof(&out)), report)
+}
+
 /// (samples reaching a root, samples) for one profile of `workload`.
 fn root_share(binary: &Path, workload: &str, frame_pointers_only: bool) -> (i64, i64, Vec<Stack>) {
     require_bpf_privileges();
     let fixture = Running::start(binary, &[workload, "30"]);
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("go.pb.gz");
-    let pid = fixture.pid().to_string();
-    let mut args = vec![
-        "--pid",
-        &pid,
-        "--duration",
-        "3s",
-        "-q",
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    if frame_pointers_only {
-        args.push("--frame-pointers-only");
-    }
-    record(&args);
-    let stacks = stacks(&read_pprof(&out));
+    let extra: &[&str] = if frame_pointers_only {
+        &["--frame-pointers-only"]
+    } else {
+        &[]
+    };
+    let (stacks, _) = profile(&fixture, "3s", extra);
     let total: i64 = stacks.iter().map(|s| s.count).sum();
     let rooted: i64 = stacks
         .iter()
@@ -140,20 +142,7 @@ fn go_signal_handlers_unwind_into_the_interrupted_goroutine() {
         let dir = tempfile::tempdir().unwrap();
         let own = dir.path().join("own.pprof");
         let fixture = Running::start(&binary, &["labels", "30", own.to_str().unwrap()]);
-        let out = dir.path().join("go.pb.gz");
-        let pid = fixture.pid().to_string();
-        let report = record(&[
-            "--pid",
-            &pid,
-            "-F",
-            "997",
-            "--duration",
-            "6s",
-            "-q",
-            "-o",
-            out.to_str().unwrap(),
-        ]);
-        let stacks = stacks(&read_pprof(&out));
+        let (stacks, report) = profile(&fixture, "6s", &["-F", "997"]);
         let handled: Vec<&Stack> = stacks
             .iter()
             .filter(|s| s.has("runtime.sigtramp"))
@@ -241,18 +230,7 @@ fn go_stacks_through_a_faulting_frame_are_go_s_own() {
             own.iter().any(|f| f == "runtime.sigpanic") && own.iter().any(|f| f == "main.load"),
             "Go {version}: Go's own stack does not go through the fault: {own:?}"
         );
-        let out = dir.path().join("go.pb.gz");
-        let pid = fixture.pid().to_string();
-        record(&[
-            "--pid",
-            &pid,
-            "--duration",
-            "3s",
-            "-q",
-            "-o",
-            out.to_str().unwrap(),
-        ]);
-        let stacks = stacks(&read_pprof(&out));
+        let (stacks, _) = profile(&fixture, "3s", &[]);
         // Go 1.19 runs an open-coded defer through these two, and its
         // traceback leaves them out (deferCallSave is marked a wrapper).
         let elided = ["runtime.runOpenDeferFrame", "runtime.deferCallSave"];

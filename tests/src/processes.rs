@@ -223,6 +223,11 @@ impl Background {
             }
             std::thread::sleep(Duration::from_millis(50));
         };
+        self.finished(status)
+    }
+
+    /// What the program printed, once it has exited with `status`.
+    fn finished(&mut self, status: std::process::ExitStatus) -> Finished {
         for reader in self.readers.drain(..) {
             reader.join().unwrap();
         }
@@ -268,16 +273,7 @@ impl Background {
                 );
             }
         };
-        for reader in self.readers.drain(..) {
-            reader.join().unwrap();
-        }
-        let stdout = self.stdout.lock().unwrap().clone();
-        let stderr = self.stderr.lock().unwrap().clone();
-        Finished {
-            status,
-            stdout,
-            stderr,
-        }
+        self.finished(status)
     }
 }
 
