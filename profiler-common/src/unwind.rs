@@ -147,6 +147,11 @@ pub const RULE_FLAG_INTERPRETER: u8 = 1 << 3;
 /// if it has not saved it yet, is that word (runtime/traceback.go,
 /// `injectedCall`; runtime/signal_arm64.go, `pushCall`).
 pub const RULE_FLAG_GO_INJECTED_CALL: u8 = 1 << 4;
+/// Bytes Go's arm64 signal handler takes below the interrupted SP to save
+/// the interrupted LR before it fakes a call (16 for the stack's
+/// alignment; runtime/signal_arm64.go, `pushCall` and `preparePanic`).
+/// The walker and the goroutine dump both step over them.
+pub const GO_ARM64_INJECTED_CALL_SLOT: u64 = 16;
 
 /// A mapping of a process whose object has a table.
 #[repr(C)]

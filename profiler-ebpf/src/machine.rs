@@ -117,9 +117,8 @@ mod layout {
     pub const SIGNAL_PC: u64 = MCONTEXT + 8 + 32 * 8;
 
     /// Go's signal handler, before it fakes a call, saves the interrupted
-    /// LR in 16 bytes it takes below the interrupted SP (16 for the stack's
-    /// alignment; runtime/signal_arm64.go, `pushCall` and `preparePanic`).
-    pub const GO_INJECTED_CALL_SLOT: u64 = 16;
+    /// LR in bytes it takes below the interrupted SP.
+    pub const GO_INJECTED_CALL_SLOT: u64 = profiler_common::unwind::GO_ARM64_INJECTED_CALL_SLOT;
 }
 
 #[cfg(not(any(bpf_target_arch = "x86_64", bpf_target_arch = "aarch64")))]

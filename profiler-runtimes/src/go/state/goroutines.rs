@@ -25,6 +25,7 @@ use super::layout::{
 use super::{GoTarget, StateError, globals};
 use crate::go::unwind::INJECTED_CALLS;
 use crate::memory::Memory;
+use profiler_common::unwind::GO_ARM64_INJECTED_CALL_SLOT;
 
 /// Most goroutines read: a million parked goroutines is a program in
 /// trouble already; a longer list is forged.
@@ -451,7 +452,7 @@ impl GoTarget {
                     return (pcs, true);
                 };
                 lr = Some(saved);
-                caller_sp = caller_sp.wrapping_add(16);
+                caller_sp = caller_sp.wrapping_add(GO_ARM64_INJECTED_CALL_SLOT);
             }
             pcs.push(if exact { ret.wrapping_add(1) } else { ret });
             pc = ret;
