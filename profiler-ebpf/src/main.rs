@@ -153,6 +153,7 @@ fn record_sample(ctx: &PerfEventContext) {
                 pid,
                 &regs,
                 sample.cast::<u8>().add(record_len).cast::<GoLabels>(),
+                runtimes::go::labels::READS_SAMPLING,
             )
         {
             flags |= SAMPLE_FLAG_GO_LABELS;

@@ -550,7 +550,9 @@ unsafe fn append_go_labels(record: *mut Sample, pid: u32, regs: &UserRegs, frame
             .cast::<u8>()
             .add(Sample::record_len(frames))
             .cast::<GoLabels>();
-        if runtimes::go::labels::read(pid, regs, block).is_some() {
+        if runtimes::go::labels::read(pid, regs, block, runtimes::go::labels::READS_OFF_CPU)
+            .is_some()
+        {
             (*record).flags |= SAMPLE_FLAG_GO_LABELS;
         }
     }

@@ -12,7 +12,7 @@
 use aya_ebpf::{
     helpers::{bpf_probe_read_user, generated::bpf_probe_read_user as read_user_raw},
     macros::map,
-    maps::HashMap,
+    maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
     Counter, UserRegs,
@@ -47,6 +47,30 @@ const MIN_TOP_HASH: u8 = 5;
 /// may be left half grown (they are never written again), and whatever
 /// was not reached is marked cut.
 const MAX_BUCKETS: u64 = 2;
+/// Bytes of one label in a Go 1.24 list: two strings.
+const LIST_ENTRY_BYTES: u64 = 32;
+
+/// Words of `LABEL_READS`: room for the run of g from the first field read
+/// to the last (320 bytes in every Go version from 1.19 to 1.27), a map
+/// bucket (272 bytes) or a whole label list (`MAX_GO_LABELS` entries).
+const READ_WORDS: usize = 64;
+const READ_BYTES: u64 = (READ_WORDS * 8) as u64;
+const _: () = assert!(BUCKET_BYTES < READ_BYTES);
+const _: () = assert!(MAX_GO_LABELS as u64 * LIST_ENTRY_BYTES < READ_BYTES);
+
+/// Where a run of user memory is copied with one helper call where a
+/// call per field cost more: each call is a user-access window of its own,
+/// and label reading was a quarter of a Go sample's cost at 15 calls
+/// (BENCHMARKS.md, "Go labels' own cost").
+/// One slot per kind of program that reads labels: a CPU sample can
+/// interrupt an off-CPU program on the same CPU.
+#[map]
+static LABEL_READS: PerCpuArray<[u64; READ_WORDS]> = PerCpuArray::with_max_entries(2, 0);
+
+/// `read`'s slot of `LABEL_READS`: the CPU sampling program's.
+pub const READS_SAMPLING: u32 = 0;
+/// `read`'s slot of `LABEL_READS`: the off-CPU programs'.
+pub const READS_OFF_CPU: u32 = 1;
 
 /// Whether labels are read at all.
 #[inline(always)]
@@ -58,7 +82,8 @@ pub fn enabled() -> bool {
 /// Writes the labels of the goroutine running on this thread of `pid`
 /// into `block`, right after the record's last frame: their length, or
 /// None (not a Go process, or no goroutine running), and then `block` was
-/// not written. Straight into the record: gathering them in a scratch
+/// not written. `slot` is the caller's `READS_*` slot of `LABEL_READS`.
+/// Straight into the record: gathering them in a scratch
 /// block first and copying it after cost a few more cold cache lines and
 /// a copy per sample.
 ///
@@ -67,23 +92,24 @@ pub fn enabled() -> bool {
 /// leaves room for one after any number of frames) that no other program
 /// writes while this one runs (each program context has its own record).
 #[inline(always)]
-pub unsafe fn read(pid: u32, regs: &UserRegs, block: *mut GoLabels) -> Option<usize> {
-    // SAFETY: the value is copied out of the map.
-    let process = *unsafe { GO_PROCESSES.get(&pid) }?;
-    let curg = current_goroutine(&process, regs)?;
-    if !plausible(curg) {
-        return None;
-    }
+pub unsafe fn read(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32) -> Option<usize> {
+    // SAFETY: read in place: a copy cost the off-CPU program stack it does
+    // not have. The values are offsets for checked reads of user memory:
+    // an entry user space rewrites meanwhile misdirects only those.
+    let process = unsafe { GO_PROCESSES.get(&pid) }?;
+    // SAFETY: this CPU's slot for the caller's kind of program, which
+    // does not nest in itself on one CPU.
+    let words = unsafe { &mut *LABEL_READS.get_ptr_mut(slot)? };
+    let curg = current_goroutine(process, regs, words)?;
     // SAFETY: the caller's promise.
     let labels = unsafe { &mut *block };
-    labels.goid = read_word(curg + process.g_goid as u64).unwrap_or(0);
+    labels.goid = curg.goid;
     labels.count = 0;
     labels.flags = 0;
-    let pointer = read_word(curg + process.g_labels as u64).unwrap_or(0);
-    if plausible(pointer) {
+    if plausible(curg.labels) {
         match process.kind {
-            GO_LABELS_MAP => copy_map(labels, pointer),
-            GO_LABELS_SLICE => copy_slice(labels, pointer),
+            GO_LABELS_MAP => copy_map(labels, curg.labels, words),
+            GO_LABELS_SLICE => copy_slice(labels, curg.labels, words),
             _ => {}
         }
     }
@@ -95,12 +121,61 @@ pub unsafe fn read(pid: u32, regs: &UserRegs, block: *mut GoLabels) -> Option<us
     Some(GoLabels::block_len(count))
 }
 
-/// The thread's current goroutine (its m's `curg`): through the g
-/// register when it holds one of this thread's gs, else through
-/// thread-local storage.
+/// The fields of a g the labels need.
+struct GFields {
+    m: u64,
+    goid: u64,
+    labels: u64,
+}
+
+/// `g.m`, `g.goid` and `g.labels` of `g`: one copy of the run of g that
+/// holds all three (into `words`), or three reads where the offsets are
+/// not a short aligned run (a layout read from a hostile binary's DWARF).
+/// None when `g.m` cannot be read; a goid or labels pointer that cannot
+/// be is 0.
 #[inline(always)]
-fn current_goroutine(process: &GoProcess, regs: &UserRegs) -> Option<u64> {
-    if let Some(found) = curg_of(process, regs.go_g) {
+fn g_fields(process: &GoProcess, words: &mut [u64; READ_WORDS], g: u64) -> Option<GFields> {
+    let (m, goid, labels) = (
+        process.g_m as u64,
+        process.g_goid as u64,
+        process.g_labels as u64,
+    );
+    let low = m.min(goid).min(labels);
+    let span = m.max(goid).max(labels) + 8 - low;
+    if (m | goid | labels) & 7 != 0 || span >= READ_BYTES {
+        return Some(GFields {
+            m: read_word(g + m)?,
+            goid: read_word(g + goid).unwrap_or(0),
+            labels: read_word(g + labels).unwrap_or(0),
+        });
+    }
+    // Masked: the verifier sees the bound of the size it is given.
+    if !read_run(words, span & (READ_BYTES - 1), g + low) {
+        return None;
+    }
+    let at = |offset: u64| {
+        words
+            .get(((offset - low) >> 3) as usize & (READ_WORDS - 1))
+            .copied()
+            .unwrap_or(0)
+    };
+    Some(GFields {
+        m: at(m),
+        goid: at(goid),
+        labels: at(labels),
+    })
+}
+
+/// The fields of the thread's current goroutine (its m's `curg`):
+/// through the g register when it holds one of this thread's gs, else
+/// through thread-local storage.
+#[inline(always)]
+fn current_goroutine(
+    process: &GoProcess,
+    regs: &UserRegs,
+    words: &mut [u64; READ_WORDS],
+) -> Option<GFields> {
+    if let Some(found) = curg_of(process, words, regs.go_g) {
         return Some(found);
     }
     if process.flags & GO_PROCESS_TLS == 0 {
@@ -111,60 +186,71 @@ fn current_goroutine(process: &GoProcess, regs: &UserRegs) -> Option<u64> {
         return None;
     }
     let g = read_word(thread_pointer.wrapping_add(process.tls_g_offset as u64))?;
-    curg_of(process, g)
+    curg_of(process, words, g)
 }
 
-/// `g.m.curg`, if `g` is a g running on that m: its current
-/// goroutine (most samples of Go code: checked first), its g0, or another
-/// g whose m's current goroutine runs on the same m (its signal goroutine
-/// `gsignal`, which the g register and TLS hold while a signal handler
-/// runs; the samples there are the interrupted goroutine's, as in Go's own
-/// profiles). A register that holds anything else fails this.
+/// The fields of `g.m.curg`, if `g` is a g running on that m: its
+/// current goroutine (most samples of Go code: checked first, and then
+/// the fields already read are curg's), its g0, or another g whose m's
+/// current goroutine runs on the same m (its signal goroutine `gsignal`,
+/// which the g register and TLS hold while a signal handler runs; the
+/// samples there are the interrupted goroutine's, as in Go's own
+/// profiles). A register that holds anything else fails this, and so
+/// does an m with no current goroutine (the scheduler's own stack).
 #[inline(always)]
-fn curg_of(process: &GoProcess, g: u64) -> Option<u64> {
+fn curg_of(process: &GoProcess, words: &mut [u64; READ_WORDS], g: u64) -> Option<GFields> {
     if !plausible(g) {
         return None;
     }
-    let m = read_word(g + process.g_m as u64)?;
+    let fields = g_fields(process, words, g)?;
+    let m = fields.m;
     if !plausible(m) {
         return None;
     }
     let curg = read_word(m + process.m_curg as u64)?;
     if curg == g {
-        return Some(curg);
+        return Some(fields);
+    }
+    if !plausible(curg) {
+        return None;
     }
     let g0 = read_word(m)?;
-    if g0 == g || (plausible(curg) && read_word(curg + process.g_m as u64)? == m) {
-        Some(curg)
-    } else {
-        None
-    }
+    let current = g_fields(process, words, curg)?;
+    (g0 == g || current.m == m).then_some(current)
 }
 
-/// Go 1.24 on: `labelMap{LabelSet{list []label}}`, label = {key, value}.
+/// Go 1.24 on: `labelMap{LabelSet{list []label}}`, label = {key, value}:
+/// the list is read whole.
 #[inline(always)]
-fn copy_slice(labels: &mut GoLabels, pointer: u64) {
+fn copy_slice(labels: &mut GoLabels, pointer: u64, words: &mut [u64; READ_WORDS]) {
     let Some([list, len]) = read_pair(pointer) else {
         return;
     };
     if len > MAX_GO_LABELS as u64 {
         labels.flags |= GO_LABELS_CUT;
     }
-    for i in 0..MAX_GO_LABELS as u64 {
-        if i >= len {
+    let count = len.min(MAX_GO_LABELS as u64);
+    if count == 0 {
+        return;
+    }
+    if !read_run(words, (count * LIST_ENTRY_BYTES) & (READ_BYTES - 1), list) {
+        labels.flags |= GO_LABELS_CUT;
+        return;
+    }
+    for i in 0..MAX_GO_LABELS {
+        if i as u64 >= count {
             break;
         }
-        let Some(entry) = read_user::<[u64; 4]>(list + i * 32) else {
-            break;
-        };
-        push(labels, entry);
+        let word = |n: usize| words.get(i * 4 + n).copied().unwrap_or(0);
+        push(labels, [word(0), word(1), word(2), word(3)]);
     }
 }
 
 /// Go 1.19 to 1.23: a pointer to a `map[string]string` (an hmap: count,
-/// flags/B/noverflow/hash0, buckets, oldbuckets, ...).
+/// flags/B/noverflow/hash0, buckets, oldbuckets, ...). Each bucket is
+/// read whole.
 #[inline(always)]
-fn copy_map(labels: &mut GoLabels, pointer: u64) {
+fn copy_map(labels: &mut GoLabels, pointer: u64, words: &mut [u64; READ_WORDS]) {
     let Some(hmap) = read_word(pointer) else {
         return;
     };
@@ -182,21 +268,31 @@ fn copy_map(labels: &mut GoLabels, pointer: u64) {
         if bucket >= 1 << b.min(1) {
             break;
         }
-        let base = buckets + bucket * BUCKET_BYTES;
-        let Some(tophash) = read_user::<[u8; 8]>(base) else {
+        if !read_run(words, BUCKET_BYTES, buckets + bucket * BUCKET_BYTES) {
             break;
-        };
-        for slot in 0..BUCKET_SLOTS {
-            if tophash[slot as usize] < MIN_TOP_HASH {
+        }
+        // The eight tophash bytes, in memory order (both targets are
+        // little-endian).
+        let tophash = words[0].to_le_bytes();
+        for slot in 0..BUCKET_SLOTS as usize {
+            if tophash[slot] < MIN_TOP_HASH {
                 continue;
             }
-            let Some(key) = read_pair(base + BUCKET_KEYS + slot * 16) else {
-                continue;
+            let word = |byte: u64| {
+                words
+                    .get((byte / 8) as usize + slot * 2)
+                    .copied()
+                    .unwrap_or(0)
             };
-            let Some(value) = read_pair(base + BUCKET_VALUES + slot * 16) else {
-                continue;
-            };
-            push(labels, [key[0], key[1], value[0], value[1]]);
+            push(
+                labels,
+                [
+                    word(BUCKET_KEYS),
+                    word(BUCKET_KEYS + 8),
+                    word(BUCKET_VALUES),
+                    word(BUCKET_VALUES + 8),
+                ],
+            );
         }
     }
     // Entries in overflow buckets or in the old buckets of a growth left
@@ -204,6 +300,18 @@ fn copy_map(labels: &mut GoLabels, pointer: u64) {
     if (labels.count as u64) < count.min(MAX_GO_LABELS as u64) {
         labels.flags |= GO_LABELS_CUT;
     }
+}
+
+/// Copies `bytes` bytes of user memory at `from` into `words` (at most
+/// `READ_BYTES`, whole words); false on a fault.
+#[inline(always)]
+fn read_run(words: &mut [u64; READ_WORDS], bytes: u64, from: u64) -> bool {
+    if bytes == 0 || bytes > READ_BYTES {
+        return false;
+    }
+    // SAFETY: `words` holds READ_BYTES bytes and `bytes` is at most that;
+    // the helper checks the user address.
+    unsafe { read_user_raw(words.as_mut_ptr().cast(), bytes as u32, from as *const _) == 0 }
 }
 
 /// Copies one label (key pointer, key length, value pointer, value
