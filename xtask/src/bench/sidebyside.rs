@@ -52,6 +52,7 @@ pub struct SideBySide {
     pub rows: Vec<PairRow>,
     pub labels: Option<LabelsRow>,
     pub window: Duration,
+    pub schedule: Option<Schedule>,
     pub errors: Vec<String>,
 }
 
@@ -76,14 +77,48 @@ pub const WORKLOADS: [Workload; 3] = [
     Workload::DeepStacks,
 ];
 
+/// How often the programs of a comparison are started, and how many
+/// windows each start gives. Two agents (or an agent and bpftrace) loaded
+/// at once cost differently from one start to the next by up to 15% in
+/// either direction, steadily within a start (the same agent binary
+/// against itself: per-start ratios from 0.87 to 1.26, six starts); so a
+/// comparison is restarted several times, in alternating start order,
+/// rather than read over many windows of one start.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    pub starts: usize,
+    pub windows: usize,
+    pub window: Duration,
+}
+
+impl Schedule {
+    fn of(plan: &Plan) -> Self {
+        if plan.quick {
+            Schedule {
+                starts: 1,
+                windows: 1,
+                window: Duration::from_secs(2),
+            }
+        } else {
+            Schedule {
+                starts: 6,
+                windows: 2,
+                window: Duration::from_secs(8),
+            }
+        }
+    }
+
+    /// Seconds a workload must run to outlast every start and window.
+    fn workload_seconds(&self) -> f64 {
+        60.0 + self.starts as f64 * (20.0 + self.windows as f64 * self.window.as_secs_f64())
+    }
+}
+
 pub fn run(env: &Env, plan: &Plan) -> SideBySide {
-    let (rounds, window) = if plan.quick {
-        (1, Duration::from_secs(2))
-    } else {
-        (5, Duration::from_secs(10))
-    };
+    let schedule = Schedule::of(plan);
     let mut result = SideBySide {
-        window,
+        window: schedule.window,
+        schedule: Some(schedule),
         ..SideBySide::default()
     };
     for workload in WORKLOADS {
@@ -97,7 +132,7 @@ pub fn run(env: &Env, plan: &Plan) -> SideBySide {
                 variant.name(),
                 workload.short()
             );
-            match measure(env, plan, workload, variant, rounds, window) {
+            match measure(env, plan, workload, variant, schedule) {
                 Ok(row) => result.rows.push(row),
                 Err(error) => result.errors.push(format!(
                     "side by side, {} on {}: {error:#}",
@@ -108,7 +143,7 @@ pub fn run(env: &Env, plan: &Plan) -> SideBySide {
         }
     }
     eprintln!("bench: profiler-agent with and without Go labels at once, on go-service");
-    match labels(env, plan, rounds, window) {
+    match labels(env, plan, schedule) {
         Ok(row) => result.labels = Some(row),
         Err(error) => result
             .errors
@@ -118,18 +153,19 @@ pub fn run(env: &Env, plan: &Plan) -> SideBySide {
 }
 
 /// Go labels' own cost, by two agents loaded at once on the Go service
-/// (one with labels, one without), in both start orders. Measured against
-/// bpftrace in separate runs instead, the labels' share came out at
-/// +15% where loaded at once it was +37%: bpftrace's own cost moved
-/// between those runs by as much (9044 against 6876 ns a sample).
-fn labels(env: &Env, plan: &Plan, rounds: usize, window: Duration) -> anyhow::Result<LabelsRow> {
+/// (one with labels, one without), restarted in alternating start order.
+/// Measured against bpftrace in separate runs instead, the labels' share
+/// came out at +15% where loaded at once it was +37%: bpftrace's own cost
+/// moved between those runs by as much (9044 against 6876 ns a sample).
+fn labels(env: &Env, plan: &Plan, schedule: Schedule) -> anyhow::Result<LabelsRow> {
     let mut row = LabelsRow::default();
-    for labels_first in [true, false] {
-        let seconds = 60.0 + rounds as f64 * window.as_secs_f64();
-        let mut command = Workload::GoService.command(env, seconds);
-        command.stdout(Stdio::null()).stderr(Stdio::null());
-        let load = Managed::spawn(&mut command, Workload::GoService.short())?;
-        let label = format!("labels-{}", if labels_first { "first" } else { "second" });
+    let mut command = Workload::GoService.command(env, schedule.workload_seconds());
+    command.stdout(Stdio::null()).stderr(Stdio::null());
+    let load = Managed::spawn(&mut command, Workload::GoService.short())?;
+    // Each start order at least once.
+    for start in 0..schedule.starts.max(2) {
+        let labels_first = start % 2 == 0;
+        let label = format!("labels-{start}");
         let (with, without) = if labels_first {
             let with = Tool::Agent.start(env, plan.hz, &label)?;
             (with, Tool::AgentNoGoLabels.start(env, plan.hz, &label)?)
@@ -137,8 +173,8 @@ fn labels(env: &Env, plan: &Plan, rounds: usize, window: Duration) -> anyhow::Re
             let without = Tool::AgentNoGoLabels.start(env, plan.hz, &label)?;
             (Tool::Agent.start(env, plan.hz, &label)?, without)
         };
-        for _ in 0..rounds {
-            if let Some((a, b)) = one_window(&with, &without, window)? {
+        for _ in 0..schedule.windows {
+            if let Some((a, b)) = one_window(&with, &without, schedule.window)? {
                 let ratios = if labels_first {
                     &mut row.labels_first
                 } else {
@@ -149,8 +185,8 @@ fn labels(env: &Env, plan: &Plan, rounds: usize, window: Duration) -> anyhow::Re
         }
         with.stop()?;
         without.stop()?;
-        drop(load);
     }
+    drop(load);
     if row.labels_first.is_empty() || row.labels_second.is_empty() {
         anyhow::bail!("no window had BPF runs of both agents in one of the orders");
     }
@@ -176,21 +212,11 @@ fn measure(
     plan: &Plan,
     workload: Workload,
     variant: Tool,
-    rounds: usize,
-    window: Duration,
+    schedule: Schedule,
 ) -> anyhow::Result<PairRow> {
-    // Long enough for both profilers' start-up and every window.
-    let seconds = 60.0 + rounds as f64 * window.as_secs_f64();
-    let mut command = workload.command(env, seconds);
+    let mut command = workload.command(env, schedule.workload_seconds());
     command.stdout(Stdio::null()).stderr(Stdio::null());
     let load = Managed::spawn(&mut command, workload.short())?;
-    let label = format!(
-        "pair-{}-{}",
-        workload.short(),
-        variant.name().replace(' ', "")
-    );
-    let bpftrace = Tool::Bpftrace.start(env, plan.hz, &label)?;
-    let agent = variant.start(env, plan.hz, &label)?;
     let mut row = PairRow {
         workload,
         variant,
@@ -198,15 +224,29 @@ fn measure(
         agent_ns: Vec::new(),
         bpftrace_ns: Vec::new(),
     };
-    for _ in 0..rounds {
-        if let Some((a, b)) = one_window(&agent, &bpftrace, window)? {
-            row.agent_ns.push(a);
-            row.bpftrace_ns.push(b);
-            row.ratios.push(a / b);
+    for start in 0..schedule.starts {
+        let label = format!(
+            "pair-{}-{}-{start}",
+            workload.short(),
+            variant.name().replace(' ', "")
+        );
+        let (bpftrace, agent) = if start % 2 == 0 {
+            let bpftrace = Tool::Bpftrace.start(env, plan.hz, &label)?;
+            (bpftrace, variant.start(env, plan.hz, &label)?)
+        } else {
+            let agent = variant.start(env, plan.hz, &label)?;
+            (Tool::Bpftrace.start(env, plan.hz, &label)?, agent)
+        };
+        for _ in 0..schedule.windows {
+            if let Some((a, b)) = one_window(&agent, &bpftrace, schedule.window)? {
+                row.agent_ns.push(a);
+                row.bpftrace_ns.push(b);
+                row.ratios.push(a / b);
+            }
         }
+        agent.stop()?;
+        bpftrace.stop()?;
     }
-    agent.stop()?;
-    bpftrace.stop()?;
     drop(load);
     if row.ratios.is_empty() {
         anyhow::bail!("no window had BPF runs of both programs");
@@ -220,14 +260,18 @@ pub fn section(md: &mut String, plan: &Plan, r: &SideBySide) {
         md,
         "## 12. BPF time per sample, side by side with bpftrace\n"
     );
+    let (starts, windows) = r.schedule.map_or((1, 1), |s| (s.starts, s.windows));
     let _ = writeln!(
         md,
         "Each agent variant and `bpftrace -e 'profile:hz:{} {{ @[ustack, kstack] = count(); }}'` \
          loaded at the same time, system-wide, on one workload; each {:.0} s window gives both \
-         programs' `run_time_ns / run_cnt` (idle CPUs' runs included) and their ratio. Medians \
-         over the windows with (min–max). On the Go service frame pointers are sound, so \
-         bpftrace's pointer chase is a fair floor for complete stacks; on C without frame \
-         pointers bpftrace follows garbage and stops early.\n",
+         programs' `run_time_ns / run_cnt` (idle CPUs' runs included) and their ratio. Both are \
+         started {starts} times, in alternating order, for {windows} windows each: two programs \
+         loaded at once cost differently from one start to the next by up to 15% either way \
+         (the agent against itself: per-start ratios from 0.87 to 1.26), steadily within a \
+         start. Medians over all windows with (min–max). On the Go service frame pointers are \
+         sound, so bpftrace's pointer chase is a fair floor for complete stacks; on C without \
+         frame pointers bpftrace follows garbage and stops early.\n",
         plan.hz,
         r.window.as_secs_f64()
     );
@@ -258,8 +302,9 @@ pub fn section(md: &mut String, plan: &Plan, r: &SideBySide) {
             md,
             "Go labels' own cost: the agent with labels and the agent with `--no-go-labels` \
              loaded at once on the Go service, per window the first's ns per sample over the \
-             second's; once with each started first, combined as the geometric mean of the two \
-             medians (which cancels the advantage of the program that runs second on a tick).\n\n\
+             second's; started {starts} times, each order in turn, combined as the geometric mean \
+             of the two orders' medians (which cancels the advantage of the program that runs \
+             second on a tick).\n\n\
              | with labels started first | without labels started first | labels add |\n\
              |---|---|---|\n\
              | {} | {} | {} |\n",
