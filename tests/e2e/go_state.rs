@@ -180,21 +180,31 @@ fn heap_profile_matches_the_programs_own() {
         // allocating function of the program: the same numbers (the
         // program's own profile and ours read the same records; GOGC=off
         // keeps them still).
-        // At Go's default rate a small site may go unsampled; at rate 1
-        // every allocation is recorded.
-        let sites: &[&str] = match build.rate {
-            Some("1") => &[
-                "main.cacheResponse",
-                "main.addEntries",
-                "main.renderPage",
-                "main.newBuffer",
-            ],
-            _ => &["main.cacheResponse"],
-        };
+        // At rate 1 every allocation is recorded, and every site must be
+        // there. At Go's default rate (one sample per 512 KiB on average)
+        // even the largest site goes unsampled now and then (one CI run:
+        // main.cacheResponse missing from ours; the program's own profile
+        // was not shown), so there a site is required where the program's
+        // own profile has it, and at least one must be; the comparison
+        // below holds either way.
+        let sites = [
+            "main.cacheResponse",
+            "main.addEntries",
+            "main.renderPage",
+            "main.newBuffer",
+        ];
         for index in 0..4 {
             let (a, b) = (by_leaf(&ours_raw, index), by_leaf(&theirs, index));
+            let required: Vec<&str> = sites
+                .into_iter()
+                .filter(|site| build.rate == Some("1") || b.contains_key(*site))
+                .collect();
             assert!(
-                sites.iter().all(|site| a.contains_key(*site)),
+                !required.is_empty(),
+                "{label}: none of {sites:?} in the program's own profile: {b:?}"
+            );
+            assert!(
+                required.iter().all(|site| a.contains_key(*site)),
                 "{label}: allocation sites missing from ours: {a:?}\n{report}"
             );
             assert_eq!(
