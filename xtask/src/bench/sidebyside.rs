@@ -51,8 +51,7 @@ impl LabelsRow {
 pub struct SideBySide {
     pub rows: Vec<PairRow>,
     pub labels: Option<LabelsRow>,
-    pub window: Duration,
-    pub schedule: Option<Schedule>,
+    pub schedule: Schedule,
     pub errors: Vec<String>,
 }
 
@@ -84,7 +83,7 @@ pub const WORKLOADS: [Workload; 3] = [
 /// against itself: per-start ratios from 0.87 to 1.26, six starts); so a
 /// comparison is restarted several times, in alternating start order,
 /// rather than read over many windows of one start.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Schedule {
     pub starts: usize,
     pub windows: usize,
@@ -117,8 +116,7 @@ impl Schedule {
 pub fn run(env: &Env, plan: &Plan) -> SideBySide {
     let schedule = Schedule::of(plan);
     let mut result = SideBySide {
-        window: schedule.window,
-        schedule: Some(schedule),
+        schedule,
         ..SideBySide::default()
     };
     for workload in WORKLOADS {
@@ -163,34 +161,64 @@ fn labels(env: &Env, plan: &Plan, schedule: Schedule) -> anyhow::Result<LabelsRo
     command.stdout(Stdio::null()).stderr(Stdio::null());
     let load = Managed::spawn(&mut command, Workload::GoService.short())?;
     // Each start order at least once.
-    for start in 0..schedule.starts.max(2) {
-        let labels_first = start % 2 == 0;
-        let label = format!("labels-{start}");
-        let (with, without) = if labels_first {
-            let with = Tool::Agent.start(env, plan.hz, &label)?;
-            (with, Tool::AgentNoGoLabels.start(env, plan.hz, &label)?)
-        } else {
-            let without = Tool::AgentNoGoLabels.start(env, plan.hz, &label)?;
-            (Tool::Agent.start(env, plan.hz, &label)?, without)
-        };
-        for _ in 0..schedule.windows {
-            if let Some((a, b)) = one_window(&with, &without, schedule.window)? {
-                let ratios = if labels_first {
-                    &mut row.labels_first
-                } else {
-                    &mut row.labels_second
-                };
-                ratios.push(a / b);
-            }
-        }
-        with.stop()?;
-        without.stop()?;
-    }
+    let schedule = Schedule {
+        starts: schedule.starts.max(2),
+        ..schedule
+    };
+    restarted(
+        env,
+        plan,
+        schedule,
+        "labels",
+        (Tool::Agent, Tool::AgentNoGoLabels),
+        |labels_first, with, without| {
+            let ratios = if labels_first {
+                &mut row.labels_first
+            } else {
+                &mut row.labels_second
+            };
+            ratios.push(with / without);
+        },
+    )?;
     drop(load);
     if row.labels_first.is_empty() || row.labels_second.is_empty() {
         anyhow::bail!("no window had BPF runs of both agents in one of the orders");
     }
     Ok(row)
+}
+
+/// Starts `tools` together `schedule.starts` times, the first of them
+/// first on even starts and second on odd ones, and hands `take` each
+/// window's ns per sample of both (in the order of `tools`), with whether
+/// the first was started first. `label` keeps the starts' files apart.
+fn restarted(
+    env: &Env,
+    plan: &Plan,
+    schedule: Schedule,
+    label: &str,
+    (a, b): (Tool, Tool),
+    mut take: impl FnMut(bool, f64, f64),
+) -> anyhow::Result<()> {
+    for start in 0..schedule.starts {
+        let a_first = start % 2 == 0;
+        let label = format!("{label}-{start}");
+        let (first, second) = if a_first { (a, b) } else { (b, a) };
+        let first = first.start(env, plan.hz, &label)?;
+        let second = second.start(env, plan.hz, &label)?;
+        let (a_running, b_running) = if a_first {
+            (&first, &second)
+        } else {
+            (&second, &first)
+        };
+        for _ in 0..schedule.windows {
+            if let Some((a_ns, b_ns)) = one_window(a_running, b_running, schedule.window)? {
+                take(a_first, a_ns, b_ns);
+            }
+        }
+        first.stop()?;
+        second.stop()?;
+    }
+    Ok(())
 }
 
 /// Both programs' ns per sample over the same `window`; None when one of
@@ -224,29 +252,23 @@ fn measure(
         agent_ns: Vec::new(),
         bpftrace_ns: Vec::new(),
     };
-    for start in 0..schedule.starts {
-        let label = format!(
-            "pair-{}-{}-{start}",
-            workload.short(),
-            variant.name().replace(' ', "")
-        );
-        let (bpftrace, agent) = if start % 2 == 0 {
-            let bpftrace = Tool::Bpftrace.start(env, plan.hz, &label)?;
-            (bpftrace, variant.start(env, plan.hz, &label)?)
-        } else {
-            let agent = variant.start(env, plan.hz, &label)?;
-            (Tool::Bpftrace.start(env, plan.hz, &label)?, agent)
-        };
-        for _ in 0..schedule.windows {
-            if let Some((a, b)) = one_window(&agent, &bpftrace, schedule.window)? {
-                row.agent_ns.push(a);
-                row.bpftrace_ns.push(b);
-                row.ratios.push(a / b);
-            }
-        }
-        agent.stop()?;
-        bpftrace.stop()?;
-    }
+    let label = format!(
+        "pair-{}-{}",
+        workload.short(),
+        variant.name().replace(' ', "")
+    );
+    restarted(
+        env,
+        plan,
+        schedule,
+        &label,
+        (variant, Tool::Bpftrace),
+        |_, agent, bpftrace| {
+            row.agent_ns.push(agent);
+            row.bpftrace_ns.push(bpftrace);
+            row.ratios.push(agent / bpftrace);
+        },
+    )?;
     drop(load);
     if row.ratios.is_empty() {
         anyhow::bail!("no window had BPF runs of both programs");
@@ -260,7 +282,7 @@ pub fn section(md: &mut String, plan: &Plan, r: &SideBySide) {
         md,
         "## 12. BPF time per sample, side by side with bpftrace\n"
     );
-    let (starts, windows) = r.schedule.map_or((1, 1), |s| (s.starts, s.windows));
+    let (starts, windows) = (r.schedule.starts, r.schedule.windows);
     let _ = writeln!(
         md,
         "Each agent variant and `bpftrace -e 'profile:hz:{} {{ @[ustack, kstack] = count(); }}'` \
@@ -273,7 +295,7 @@ pub fn section(md: &mut String, plan: &Plan, r: &SideBySide) {
          sound, so bpftrace's pointer chase is a fair floor for complete stacks; on C without \
          frame pointers bpftrace follows garbage and stops early.\n",
         plan.hz,
-        r.window.as_secs_f64()
+        r.schedule.window.as_secs_f64()
     );
     let _ = writeln!(
         md,
