@@ -214,6 +214,13 @@ impl RuntimeRegistry {
         }
     }
 
+    /// The Go binaries of registered processes, to read the label
+    /// strings the sampling program sent by address (None without
+    /// labels).
+    pub fn go_strings(&self) -> Option<&go::labels::GoStrings> {
+        self.go_labels.as_ref().map(GoLabelRegistry::strings)
+    }
+
     /// Names runtime frames with what the registries know of processes.
     pub fn frames(&self) -> RuntimeFrames {
         RuntimeFrames {

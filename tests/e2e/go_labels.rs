@@ -86,7 +86,12 @@ fn kind(labels: &HashMap<String, String>) -> &'static str {
         Some(_) => "other",
         // The wide label set has more labels than are copied: the ones
         // kept may not include the endpoint (map order).
-        None if labels.keys().any(|k| k.starts_with('k') || k == "long") => "wide",
+        None if labels
+            .keys()
+            .any(|k| k.starts_with('k') || k == "long" || k == "const") =>
+        {
+            "wide"
+        }
         None => "none",
     }
 }
@@ -161,19 +166,35 @@ fn labels_agree_with_runtime_pprof(version: &str, stripped: bool) {
             "checkout" => assert_eq!(labels.get("tier").map(String::as_str), Some("gold")),
             "search" | "none" => assert!(!labels.contains_key("tier"), "{labels:?}"),
             "wide" => {
-                // Eleven labels, eight copied; a value over 96 bytes is
-                // cut and marked.
+                // Twelve labels, eight kept; a value over 96 bytes is cut
+                // and marked, whether copied from the heap ("long") or
+                // read from the binary ("const").
                 let go_labels = labels
                     .keys()
-                    .filter(|k| *k == "endpoint" || *k == "long" || k.starts_with('k'))
+                    .filter(|k| {
+                        ["endpoint", "long", "const"].contains(&k.as_str()) || k.starts_with('k')
+                    })
                     .count();
                 assert_eq!(go_labels, 8, "{labels:?}");
                 if let Some(long) = labels.get("long") {
                     assert_eq!(long, &format!("{}…", "x".repeat(96)));
                 }
+                if let Some(constant) = labels.get("const") {
+                    assert_eq!(constant, &format!("{}…", "y".repeat(96)));
+                }
             }
             other => panic!("a sample labelled as {other}: {labels:?}"),
         }
+    }
+    // From Go 1.24 a label set is a list sorted by key: the eight kept
+    // are always const, endpoint, k1..k6, so the constant read from the
+    // binary must show (a map keeps whichever eight it iterates first).
+    let sorted = !["1.19", "1.23"].iter().any(|v| version.starts_with(v));
+    if sorted {
+        assert!(
+            agent.iter().any(|(_, labels)| labels.contains_key("const")),
+            "Go {version}: no wide sample has the label read from the binary"
+        );
     }
     let cut = report
         .split("samples caught a goroutine, ")

@@ -49,10 +49,19 @@ pub struct GoProcess {
     /// Bit set of `GO_PROCESS_*`.
     pub flags: u8,
     pub _pad: [u8; 6],
+    /// The process's addresses of its Go binary's read-only data (string
+    /// constants: most label keys and many values), `[start, end)`; 0 and
+    /// 0 when unknown. A label string there is not copied: its address
+    /// goes in the record (`GoLabels::in_binary`) and user space reads it
+    /// from the binary's file once.
+    pub strings_start: u64,
+    pub strings_end: u64,
 }
 
 /// One copied label. `key_len` and `value_len` are the lengths of the Go
-/// strings; only the first `GO_LABEL_*_BYTES` bytes of each are kept.
+/// strings; only the first `GO_LABEL_*_BYTES` bytes of each are kept. A
+/// string in the binary's read-only data (`GoLabels::in_binary`) is not
+/// copied: the first 8 bytes of `key` or `value` hold its address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct GoLabel {
@@ -77,9 +86,27 @@ pub struct GoLabels {
     pub count: u8,
     /// Bit set of `GO_LABELS_*`.
     pub flags: u8,
-    pub _pad: [u8; 6],
+    pub _pad: [u8; 2],
+    /// Bit `2 * i` (key) and `2 * i + 1` (value) of label `i`: that string
+    /// lies in the binary's read-only data (`GoProcess::strings_start`),
+    /// and its address was written instead of its bytes. Copying a string
+    /// was a quarter of a labelled sample's cost in the kernel
+    /// (docs/architecture.md, "Measured inside one program").
+    pub in_binary: u32,
     pub labels: [GoLabel; MAX_GO_LABELS],
 }
+
+/// `GoLabels::in_binary`'s bit for label `index`'s key.
+pub const fn key_in_binary(index: usize) -> u32 {
+    1 << (2 * index)
+}
+
+/// `GoLabels::in_binary`'s bit for label `index`'s value.
+pub const fn value_in_binary(index: usize) -> u32 {
+    1 << (2 * index + 1)
+}
+
+const _: () = assert!(2 * MAX_GO_LABELS <= 32);
 
 impl GoLabels {
     /// Bytes before `labels`.
@@ -92,6 +119,17 @@ impl GoLabels {
 }
 
 impl GoLabel {
+    /// The address written in place of the key's bytes (see
+    /// `GoLabels::in_binary`).
+    pub fn key_address(&self) -> u64 {
+        address_in(&self.key)
+    }
+
+    /// The address written in place of the value's bytes.
+    pub fn value_address(&self) -> u64 {
+        address_in(&self.value)
+    }
+
     /// The kept bytes of the key, and whether it was cut.
     pub fn key(&self) -> (&[u8], bool) {
         kept(&self.key, self.key_len)
@@ -101,6 +139,12 @@ impl GoLabel {
     pub fn value(&self) -> (&[u8], bool) {
         kept(&self.value, self.value_len)
     }
+}
+
+fn address_in(bytes: &[u8]) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[..8]);
+    u64::from_ne_bytes(word)
 }
 
 fn kept(bytes: &[u8], len: u32) -> (&[u8], bool) {

@@ -555,7 +555,9 @@ fn aggregate(
         StackCounts::samples(1)
     };
     let labels = match &recording.go_labels {
-        Some(config) => profiler_runtimes::go::labels::labels_of(sample, config),
+        Some(config) => {
+            profiler_runtimes::go::labels::labels_of(sample, config, runtimes.go_strings())
+        }
         None => Vec::new(),
     };
     let key = StackRef {

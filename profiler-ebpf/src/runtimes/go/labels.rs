@@ -18,7 +18,7 @@ use profiler_common::{
     Counter, UserRegs,
     runtimes::go::{
         GO_LABELS_CUT, GO_LABELS_MAP, GO_LABELS_SLICE, GO_PROCESS_TLS, GoLabel, GoLabels,
-        GoProcess, MAX_GO_LABELS, MAX_GO_PROCESSES,
+        GoProcess, MAX_GO_LABELS, MAX_GO_PROCESSES, key_in_binary, value_in_binary,
     },
 };
 
@@ -106,10 +106,15 @@ pub unsafe fn read(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32) -
     labels.goid = curg.goid;
     labels.count = 0;
     labels.flags = 0;
+    labels.in_binary = 0;
+    let strings = Strings {
+        start: process.strings_start,
+        end: process.strings_end,
+    };
     if plausible(curg.labels) {
         match process.kind {
-            GO_LABELS_MAP => copy_map(labels, curg.labels, words),
-            GO_LABELS_SLICE => copy_slice(labels, curg.labels, words),
+            GO_LABELS_MAP => copy_map(labels, &strings, curg.labels, words),
+            GO_LABELS_SLICE => copy_slice(labels, &strings, curg.labels, words),
             _ => {}
         }
     }
@@ -222,7 +227,12 @@ fn curg_of(process: &GoProcess, words: &mut [u64; READ_WORDS], g: u64) -> Option
 /// Go 1.24 on: `labelMap{LabelSet{list []label}}`, label = {key, value}:
 /// the list is read whole.
 #[inline(always)]
-fn copy_slice(labels: &mut GoLabels, pointer: u64, words: &mut [u64; READ_WORDS]) {
+fn copy_slice(
+    labels: &mut GoLabels,
+    strings: &Strings,
+    pointer: u64,
+    words: &mut [u64; READ_WORDS],
+) {
     let Some([list, len]) = read_pair(pointer) else {
         return;
     };
@@ -242,7 +252,7 @@ fn copy_slice(labels: &mut GoLabels, pointer: u64, words: &mut [u64; READ_WORDS]
             break;
         }
         let word = |n: usize| words.get(i * 4 + n).copied().unwrap_or(0);
-        push(labels, [word(0), word(1), word(2), word(3)]);
+        push(labels, strings, [word(0), word(1), word(2), word(3)]);
     }
 }
 
@@ -250,7 +260,7 @@ fn copy_slice(labels: &mut GoLabels, pointer: u64, words: &mut [u64; READ_WORDS]
 /// flags/B/noverflow/hash0, buckets, oldbuckets, ...). Each bucket is
 /// read whole.
 #[inline(always)]
-fn copy_map(labels: &mut GoLabels, pointer: u64, words: &mut [u64; READ_WORDS]) {
+fn copy_map(labels: &mut GoLabels, strings: &Strings, pointer: u64, words: &mut [u64; READ_WORDS]) {
     let Some(hmap) = read_word(pointer) else {
         return;
     };
@@ -286,6 +296,7 @@ fn copy_map(labels: &mut GoLabels, pointer: u64, words: &mut [u64; READ_WORDS]) 
             };
             push(
                 labels,
+                strings,
                 [
                     word(BUCKET_KEYS),
                     word(BUCKET_KEYS + 8),
@@ -314,23 +325,59 @@ fn read_run(words: &mut [u64; READ_WORDS], bytes: u64, from: u64) -> bool {
     unsafe { read_user_raw(words.as_mut_ptr().cast(), bytes as u32, from as *const _) == 0 }
 }
 
+/// The process's Go binary's read-only data (`GoProcess::strings_start`).
+struct Strings {
+    start: u64,
+    end: u64,
+}
+
+impl Strings {
+    /// Whether the string at `address` starts there: then it is a
+    /// constant user space reads from the binary's file.
+    #[inline(always)]
+    fn holds(&self, address: u64) -> bool {
+        self.start <= address && address < self.end
+    }
+}
+
 /// Copies one label (key pointer, key length, value pointer, value
-/// length) into the next entry.
+/// length) into the next entry; a string in the binary's read-only data
+/// by its address only.
 #[inline(always)]
-fn push(labels: &mut GoLabels, [key, key_len, value, value_len]: [u64; 4]) {
+fn push(labels: &mut GoLabels, strings: &Strings, [key, key_len, value, value_len]: [u64; 4]) {
     let index = labels.count as usize;
     let Some(entry) = labels.labels.get_mut(index) else {
         labels.flags |= GO_LABELS_CUT;
         return;
     };
-    let cut =
-        copy_string(&mut entry.key, key, key_len) | copy_string(&mut entry.value, value, value_len);
+    let cut = take_string(&mut entry.key, strings, key, key_len)
+        | take_string(&mut entry.value, strings, value, value_len);
+    if strings.holds(key) {
+        labels.in_binary |= key_in_binary(index);
+    }
+    if strings.holds(value) {
+        labels.in_binary |= value_in_binary(index);
+    }
     entry.key_len = key_len.min(u32::MAX as u64) as u32;
     entry.value_len = value_len.min(u32::MAX as u64) as u32;
     if cut {
         labels.flags |= GO_LABELS_CUT;
     }
     labels.count += 1;
+}
+
+/// Keeps a Go string in `dst`: its address when it lies in the binary's
+/// read-only data, else at most `N` of its bytes; true when it is longer
+/// than `N` (user space cuts a string it reads from the binary alike).
+#[inline(always)]
+fn take_string<const N: usize>(dst: &mut [u8; N], strings: &Strings, src: u64, len: u64) -> bool {
+    if !strings.holds(src) {
+        return copy_string(dst, src, len);
+    }
+    if let Some(word) = dst.first_chunk_mut::<8>() {
+        *word = src.to_ne_bytes();
+    }
+    len > N as u64
 }
 
 /// Copies at most `N` bytes of a Go string; true when it was longer.

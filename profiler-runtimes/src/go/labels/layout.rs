@@ -88,6 +88,9 @@ impl RuntimeLayout {
                 0
             },
             _pad: [0; 6],
+            // Per process, where it loaded the binary (the registry).
+            strings_start: 0,
+            strings_end: 0,
         }
     }
 }

@@ -6,19 +6,25 @@
 //! (DWARF, or `versions` for stripped binaries); the `GoLabelRegistry`
 //! thread reads it for each Go process the sampler meets and hands it to
 //! the BPF program (`GO_PROCESSES`), which copies the running goroutine's
-//! labels into the sample; `labels_of` turns them into profile labels.
+//! labels into the sample; `labels_of` turns them into profile labels,
+//! reading the strings the program left in the binary from its file
+//! (`strings`).
 
 mod layout;
+mod strings;
 mod versions;
 
 pub use layout::{LabelStorage, LayoutError, LayoutSource, Offsets, RuntimeLayout, read_layout};
+pub use strings::{GoStrings, LoadedBinary, Segment, segments_of};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::Sample;
-use profiler_common::runtimes::go::GoProcess;
+use profiler_common::runtimes::go::{
+    GO_LABEL_KEY_BYTES, GO_LABEL_VALUE_BYTES, GoProcess, key_in_binary, value_in_binary,
+};
 
 use profiler_symbolize::process::{ObjectFile, ObjectId, Process};
 
@@ -70,8 +76,14 @@ pub const GOROUTINE_LABEL: &str = "goroutine";
 const CUT_MARK: &str = "…";
 
 /// A sample's Go labels as profile labels, sorted by key: the kept ones,
-/// and the goroutine id when asked for.
-pub fn labels_of(sample: &Sample, config: &GoLabelsConfig) -> Vec<(String, String)> {
+/// and the goroutine id when asked for. Strings the sampling program sent
+/// by address are read from the binary (`strings`); a label whose strings
+/// cannot be is left out.
+pub fn labels_of(
+    sample: &Sample,
+    config: &GoLabelsConfig,
+    strings: Option<&GoStrings>,
+) -> Vec<(String, String)> {
     let Some(block) = sample.go_labels() else {
         return Vec::new();
     };
@@ -79,7 +91,32 @@ pub fn labels_of(sample: &Sample, config: &GoLabelsConfig) -> Vec<(String, Strin
         .labels
         .iter()
         .take(block.count as usize)
-        .map(|label| (text(label.key()), text(label.value())))
+        .enumerate()
+        .filter_map(|(i, label)| {
+            let key = if block.in_binary & key_in_binary(i) != 0 {
+                from_binary(
+                    strings,
+                    sample.pid,
+                    label.key_address(),
+                    label.key_len,
+                    GO_LABEL_KEY_BYTES,
+                )?
+            } else {
+                text(label.key())
+            };
+            let value = if block.in_binary & value_in_binary(i) != 0 {
+                from_binary(
+                    strings,
+                    sample.pid,
+                    label.value_address(),
+                    label.value_len,
+                    GO_LABEL_VALUE_BYTES,
+                )?
+            } else {
+                text(label.value())
+            };
+            Some((key, value))
+        })
         .filter(|(key, _)| !key.is_empty() && config.keeps(key))
         .collect();
     if config.goroutine && block.goid != 0 {
@@ -88,6 +125,20 @@ pub fn labels_of(sample: &Sample, config: &GoLabelsConfig) -> Vec<(String, Strin
     labels.sort();
     labels.dedup_by(|a, b| a.0 == b.0);
     labels
+}
+
+/// A string of `len` bytes at `address` in `pid`'s binary, cut to
+/// `kept` bytes as the sampling program cuts the strings it copies.
+fn from_binary(
+    strings: Option<&GoStrings>,
+    pid: u32,
+    address: u64,
+    len: u32,
+    kept: usize,
+) -> Option<String> {
+    let cut = len as usize > kept;
+    let bytes = strings?.read(pid, address, len.min(kept as u32))?;
+    Some(text((&bytes, cut)))
 }
 
 fn text((bytes, cut): (&[u8], bool)) -> String {
@@ -118,7 +169,9 @@ pub struct GoLabelStats {
 }
 
 enum Command {
-    Register(u32, Arc<ObjectFile>),
+    /// A process, its Go binary, and where its executable mapping of it
+    /// starts and from which file offset (for the load bias).
+    Register(u32, Arc<ObjectFile>, u64, u64),
     Unregister(u32),
 }
 
@@ -128,21 +181,31 @@ enum Command {
 pub struct GoLabelRegistry {
     worker: Worker<Command>,
     stats: Arc<Mutex<GoLabelStats>>,
+    strings: GoStrings,
 }
 
 impl GoLabelRegistry {
     pub fn spawn(map: BpfHashMap<MapData, u32, GoProcess>) -> std::io::Result<Self> {
         let stats = Arc::new(Mutex::new(GoLabelStats::default()));
+        let strings = GoStrings::default();
         let state = LabelState {
             map,
             layouts: HashMap::new(),
             registered: Default::default(),
             stats: stats.clone(),
+            strings: strings.clone(),
         };
         Ok(GoLabelRegistry {
             worker: Worker::spawn("go-labels", state)?,
             stats,
+            strings,
         })
+    }
+
+    /// The registered processes' binaries, to read the label strings the
+    /// sampling program sent by address.
+    pub fn strings(&self) -> &GoStrings {
+        &self.strings
     }
 
     /// Reads the labels of `process` from now on, if it runs Go code.
@@ -150,10 +213,11 @@ impl GoLabelRegistry {
     pub fn register(&self, process: &Process) {
         let go = process.mappings.iter().find_map(|m| {
             let object = m.object.as_ref()?;
-            is_go_object(object).then(|| object.clone())
+            is_go_object(object).then(|| (object.clone(), m.start, m.offset))
         });
-        if let Some(object) = go {
-            self.worker.send(Command::Register(process.pid, object));
+        if let Some((object, start, offset)) = go {
+            self.worker
+                .send(Command::Register(process.pid, object, start, offset));
         }
     }
 
@@ -177,12 +241,18 @@ fn is_go_object(object: &ObjectFile) -> bool {
     object.file.as_ref().is_ok_and(super::is_go_binary)
 }
 
-/// The registry thread's state: each Go binary's layout, read once.
+/// What the registry reads of a Go binary: its runtime's layout, and
+/// its segments.
+type BinaryLayout = (GoProcess, Arc<[Segment]>);
+
+/// The registry thread's state: each Go binary's layout and segments,
+/// read once.
 struct LabelState {
     map: BpfHashMap<MapData, u32, GoProcess>,
-    layouts: HashMap<ObjectId, Option<GoProcess>>,
+    layouts: HashMap<ObjectId, Option<BinaryLayout>>,
     registered: std::collections::HashSet<u32>,
     stats: Arc<Mutex<GoLabelStats>>,
+    strings: GoStrings,
 }
 
 impl Handler for LabelState {
@@ -190,14 +260,26 @@ impl Handler for LabelState {
 
     fn handle(&mut self, command: Command) {
         match command {
-            Command::Register(pid, object) => {
+            Command::Register(pid, object, start, offset) => {
                 let stats = &self.stats;
-                let layout = self
+                let Some((layout, segments)) = self
                     .layouts
                     .entry(object.id)
-                    .or_insert_with(|| read_object(&object, stats));
-                if let Some(layout) = layout
-                    && self.map.insert(pid, *layout, 0).is_ok()
+                    .or_insert_with(|| read_object(&object, stats))
+                else {
+                    return;
+                };
+                let mut process = *layout;
+                // Without the binary's read-only range every string is
+                // copied, as before there was one.
+                if let Some(binary) = LoadedBinary::new(object, segments.clone(), start, offset)
+                    && let Some((strings_start, strings_end)) = binary.read_only_range()
+                {
+                    process.strings_start = strings_start;
+                    process.strings_end = strings_end;
+                    self.strings.insert(pid, binary);
+                }
+                if self.map.insert(pid, process, 0).is_ok()
                     && self.registered.insert(pid)
                     && let Ok(mut stats) = self.stats.lock()
                 {
@@ -208,25 +290,28 @@ impl Handler for LabelState {
                 if self.registered.remove(&pid) {
                     let _ = self.map.remove(&pid);
                 }
+                self.strings.remove(pid);
             }
         }
     }
 }
 
-fn read_object(object: &ObjectFile, stats: &Mutex<GoLabelStats>) -> Option<GoProcess> {
+fn read_object(object: &ObjectFile, stats: &Mutex<GoLabelStats>) -> Option<BinaryLayout> {
     let path = object.path.display().to_string();
     let result = match &object.file {
         // SAFETY: a read-only mapping of a file we only read; the parsers
         // bound every length they follow (see symbolize).
         Ok(file) => match unsafe { memmap2::Mmap::map(file) } {
-            Ok(data) => read_layout(&data).map_err(|e| e.to_string()),
+            Ok(data) => read_layout(&data)
+                .map(|layout| (layout, read_segments(&data)))
+                .map_err(|e| e.to_string()),
             Err(e) => Err(format!("mapping it: {e}")),
         },
         Err(e) => Err(e.clone()),
     };
     let mut stats = stats.lock().ok()?;
     match result {
-        Ok(layout) => {
+        Ok((layout, segments)) => {
             match layout.source {
                 LayoutSource::Dwarf => stats.from_dwarf += 1,
                 LayoutSource::VersionTable => stats.from_versions += 1,
@@ -240,7 +325,7 @@ fn read_object(object: &ObjectFile, stats: &Mutex<GoLabelStats>) -> Option<GoPro
                 tls = ?layout.tls_g_offset,
                 "Go labels layout"
             );
-            Some(layout.for_bpf())
+            Some((layout.for_bpf(), segments))
         }
         Err(why) => {
             tracing::info!(%path, "no Go labels for this binary: {why}");
@@ -250,6 +335,18 @@ fn read_object(object: &ObjectFile, stats: &Mutex<GoLabelStats>) -> Option<GoPro
             None
         }
     }
+}
+
+/// The binary's `PT_LOAD` segments (none when it cannot be parsed: its
+/// label strings are then all copied).
+fn read_segments(data: &[u8]) -> Arc<[Segment]> {
+    profiler_symbolize::elf::guard(|| {
+        Ok(object::File::parse(data)
+            .map(|file| segments_of(&file))
+            .unwrap_or_default())
+    })
+    .unwrap_or_default()
+    .into()
 }
 
 #[cfg(test)]
