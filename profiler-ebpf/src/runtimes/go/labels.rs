@@ -57,6 +57,7 @@ const READ_WORDS: usize = 64;
 const READ_BYTES: u64 = (READ_WORDS * 8) as u64;
 const _: () = assert!(BUCKET_BYTES < READ_BYTES);
 const _: () = assert!(MAX_GO_LABELS as u64 * LIST_ENTRY_BYTES < READ_BYTES);
+const _: () = assert!(MAX_GO_LABELS.is_power_of_two());
 
 /// Where a run of user memory (a run of g, a bucket, a label list) is
 /// copied with one helper call instead of one per field: 9 calls instead
@@ -345,9 +346,19 @@ impl Strings {
 /// by its address only.
 #[inline(always)]
 fn push(labels: &mut GoLabels, strings: &Strings, [key, key_len, value, value_len]: [u64; 4]) {
-    let index = labels.count as usize;
-    let Some(entry) = labels.labels.get_mut(index) else {
+    if labels.count as usize >= MAX_GO_LABELS {
         labels.flags |= GO_LABELS_CUT;
+        return;
+    }
+    // The index from a second, volatile load, masked (MAX_GO_LABELS is a
+    // power of two): with the compared value itself, the compiler kept a
+    // copy spilled before the comparison and computed the entry's address
+    // from it, which arm64's 6.1 verifier does not bound (it refused the
+    // program); a mask it cannot prove redundant bounds the very register.
+    // SAFETY: a field of the caller's block.
+    let count = unsafe { core::ptr::read_volatile(&raw const labels.count) };
+    let index = count as usize & (MAX_GO_LABELS - 1);
+    let Some(entry) = labels.labels.get_mut(index) else {
         return;
     };
     let cut = take_string(&mut entry.key, strings, key, key_len)

@@ -93,28 +93,27 @@ pub fn labels_of(
         .take(block.count as usize)
         .enumerate()
         .filter_map(|(i, label)| {
-            let key = if block.in_binary & key_in_binary(i) != 0 {
-                from_binary(
-                    strings,
-                    sample.pid,
-                    label.key_address(),
-                    label.key_len,
-                    GO_LABEL_KEY_BYTES,
-                )?
-            } else {
-                text(label.key())
+            // A string the program copied, or one it sent by address.
+            let string = |in_binary: u32, copied: (&[u8], bool), address: u64, len, kept| {
+                if block.in_binary & in_binary == 0 {
+                    return Some(text(copied));
+                }
+                from_binary(strings, sample.pid, address, len, kept)
             };
-            let value = if block.in_binary & value_in_binary(i) != 0 {
-                from_binary(
-                    strings,
-                    sample.pid,
-                    label.value_address(),
-                    label.value_len,
-                    GO_LABEL_VALUE_BYTES,
-                )?
-            } else {
-                text(label.value())
-            };
+            let key = string(
+                key_in_binary(i),
+                label.key(),
+                label.key_address(),
+                label.key_len,
+                GO_LABEL_KEY_BYTES,
+            )?;
+            let value = string(
+                value_in_binary(i),
+                label.value(),
+                label.value_address(),
+                label.value_len,
+                GO_LABEL_VALUE_BYTES,
+            )?;
             Some((key, value))
         })
         .filter(|(key, _)| !key.is_empty() && config.keeps(key))
@@ -352,6 +351,75 @@ fn read_segments(data: &[u8]) -> Arc<[Segment]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use profiler_common::SAMPLE_FLAG_GO_LABELS;
+    use profiler_common::runtimes::go::GoLabels;
+
+    /// A record with labels some of whose strings were copied and some
+    /// sent by address: both read, cut alike, and a label whose address
+    /// the binary does not hold left out.
+    #[test]
+    fn labels_sent_by_address_are_read_from_the_binary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("service");
+        let mut bytes = vec![0u8; 0x2000];
+        bytes[0x1100..0x1104].copy_from_slice(b"gold");
+        bytes[0x1200..0x1208].copy_from_slice(b"endpoint");
+        bytes[0x1300..0x1300 + 120].fill(b'y');
+        std::fs::write(&path, &bytes).unwrap();
+        let object = Arc::new(ObjectFile::open_path(&path).unwrap());
+        let segments: Arc<[Segment]> = vec![Segment {
+            address: 0x400000,
+            file_offset: 0,
+            file_size: 0x2000,
+            writable: false,
+        }]
+        .into();
+        let strings = GoStrings::default();
+        strings.insert(
+            42,
+            LoadedBinary::new(object, segments, 0x400000, 0).unwrap(),
+        );
+
+        // SAFETY: a Sample is plain data; all zeroes is a valid one.
+        let mut sample: Box<Sample> = unsafe { Box::new_zeroed().assume_init() };
+        sample.pid = 42;
+        sample.flags = SAMPLE_FLAG_GO_LABELS;
+        // SAFETY: with no frames the block starts at `frames`, inside the
+        // sample, 8-byte aligned, and `tail` holds the rest.
+        let block = unsafe {
+            &mut *(&raw mut *sample)
+                .cast::<u8>()
+                .add(Sample::record_len(0))
+                .cast::<GoLabels>()
+        };
+        block.count = 3;
+        let labels = &mut block.labels;
+        labels[0].key[..4].copy_from_slice(b"tier");
+        labels[0].key_len = 4;
+        labels[0].value[..8].copy_from_slice(&0x401100u64.to_ne_bytes());
+        labels[0].value_len = 4;
+        labels[1].key[..8].copy_from_slice(&0x401200u64.to_ne_bytes());
+        labels[1].key_len = 8;
+        labels[1].value[..8].copy_from_slice(&0x401300u64.to_ne_bytes());
+        labels[1].value_len = 120;
+        labels[2].key[..8].copy_from_slice(&0x900000u64.to_ne_bytes());
+        labels[2].key_len = 4;
+        labels[2].value[..3].copy_from_slice(b"odd");
+        labels[2].value_len = 3;
+        block.in_binary =
+            value_in_binary(0) | key_in_binary(1) | value_in_binary(1) | key_in_binary(2);
+
+        let config = GoLabelsConfig::default();
+        assert_eq!(
+            labels_of(&sample, &config, Some(&strings)),
+            vec![
+                ("endpoint".to_string(), format!("{}…", "y".repeat(96))),
+                ("tier".to_string(), "gold".to_string()),
+            ]
+        );
+        // Without the binaries, only labels copied whole are left.
+        assert_eq!(labels_of(&sample, &config, None), vec![]);
+    }
 
     #[test]
     fn globs_select_keys() {
