@@ -110,17 +110,22 @@ fn assert_shares_agree(
         names.len() >= 3,
         "{what}: too few functions to compare: {go:?}"
     );
+    // Every share printed before any verdict: a failure shows where the
+    // missing share went.
+    let mut apart = Vec::new();
     for name in names {
         let (theirs, mine) = (
             go.get(name).copied().unwrap_or(0.0),
             ours.get(name).copied().unwrap_or(0.0),
         );
         println!("{what} {name:32} runtime/pprof {theirs:5.1}%   profiler-agent {mine:5.1}%");
-        assert!(
-            (mine - theirs).abs() <= 5.0,
-            "{what} {name}: {mine:.1}% in our profile, {theirs:.1}% in Go's own"
-        );
+        if (mine - theirs).abs() > 5.0 {
+            apart.push(format!(
+                "{what} {name}: {mine:.1}% in our profile, {theirs:.1}% in Go's own"
+            ));
+        }
     }
+    assert!(apart.is_empty(), "{}", apart.join("\n"));
 }
 
 /// Whether some location holds `function` inlined into `caller` (two
@@ -149,10 +154,15 @@ fn go_profile_matches_runtime_pprof() {
         &[],
     );
     let own = dir.path().join("own.pprof");
-    let fixture = Running::start(&binary, &["split", "7", own.to_str().unwrap()]);
+    // The fixture's own profile covers its last 6 of 10 s, after the
+    // agent has started (its start-up competes for the machine and shifts
+    // the split while it lasts); the agent stops when the fixture exits,
+    // so its profile covers the same end, and its own work after the
+    // recording falls outside both.
+    let fixture = Running::start(&binary, &["split", "10", own.to_str().unwrap(), "4"]);
     let ours = dir.path().join("ours.pb.gz");
     let pid = fixture.pid().to_string();
-    // 500 Hz like the fixture's own profile: ~2,500 samples each, so the
+    // 500 Hz like the fixture's own profile: ~3,000 samples each, so the
     // sampling error of a share is about one point.
     record(&[
         "--pid",
@@ -160,7 +170,7 @@ fn go_profile_matches_runtime_pprof() {
         "-F",
         "500",
         "--duration",
-        "5s",
+        "60s",
         "-q",
         "-o",
         ours.to_str().unwrap(),
