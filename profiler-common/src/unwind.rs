@@ -18,7 +18,8 @@
 //!    names one.
 //!
 //! Rows, pages and rules of an object are loaded once per node and shared by
-//! every process that maps it.
+//! every process that maps it. The walker keeps the rules it found, per CPU,
+//! for the next samples (`RULE_CACHE_SLOTS`): most lookups end there.
 
 /// log2 of the bytes of object address space one page of rows covers.
 /// 4 KiB pages: 8 bytes of page index per 4 KiB of code (0.2%), and few
@@ -174,7 +175,27 @@ pub struct UnwindMapping {
 pub struct ProcessUnwind {
     pub first_mapping: u32,
     pub mapping_count: u32,
+    /// Unique to this registration of the process's mappings (never 0):
+    /// user space takes a new one each time it writes the entry, so a rule
+    /// the walker cached under it (`RULE_CACHE_SLOTS`) is still the rule
+    /// of the tables this entry points at. A table is only evicted or its
+    /// rows reused after every process using it was registered again.
+    pub generation: u32,
 }
+
+/// Rules the walker keeps in its per-CPU walk state, across samples, by
+/// (code granule, process generation): a service's stacks return to the
+/// same few hundred addresses sample after sample, and its leaves run in a
+/// few hot loops. A kept rule is one read next to the walk's own state,
+/// where the table search is four reads across arrays of megabytes, each
+/// on a page whose address translation the last 10 ms evicted (see
+/// docs/architecture.md, "Measured inside one program"). A power of two.
+pub const RULE_CACHE_SLOTS: u32 = 512;
+
+/// log2 of the bytes of code one slot of the rule cache covers: the slot
+/// keeps the part of its granule one row covers, so PCs anywhere in a hot
+/// loop (a leaf's) share one slot.
+pub const RULE_CACHE_GRANULE_SHIFT: u32 = 6;
 
 /// Set on a user frame whose address is exact, not a return address: the
 /// trampoline of a signal frame (the kernel made it the handler's return

@@ -8,7 +8,9 @@
 //! `profiler_common::unwind`. `bpf_loop` keeps the verifier's work to one
 //! step; the walk's state lives in a per-CPU map and reaches each step
 //! through the loop's context pointer, so a step does no map lookup of its
-//! own besides the table's array reads.
+//! own besides the table's array reads. The rules found are kept per CPU
+//! for the next samples (`RULE_CACHE`): a service's stacks return to the
+//! same few hundred addresses, and most lookups end there.
 
 use core::ffi::c_void;
 
@@ -19,15 +21,16 @@ use aya_ebpf::{
 };
 use profiler_common::unwind::{
     DEFAULT_UNWIND_ROW_BLOCKS, FRAME_EXACT_PC, MAX_PROCESS_UNWIND_MAPPINGS, MAX_UNWIND_MAPPINGS,
-    MAX_UNWIND_PAGES, MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind, RULE_CFA_DEREF_FP,
-    RULE_CFA_FP, RULE_CFA_SP, RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_GO_INJECTED_CALL,
-    RULE_FLAG_INTERPRETER, RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_GO_CGOCALL,
-    RULE_GO_CGOCALLBACK, RULE_PLT, RULE_ROOT, RULE_SIGNAL, RULE_STOP, UNWIND_PAGE_SHIFT,
-    UNWIND_ROWS_PER_BLOCK, UnwindMapping, UnwindPage, UnwindRowBlock, UnwindRule, UserStackEnd,
+    MAX_UNWIND_PAGES, MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind,
+    RULE_CACHE_GRANULE_SHIFT, RULE_CACHE_SLOTS, RULE_CFA_DEREF_FP, RULE_CFA_FP, RULE_CFA_SP,
+    RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_GO_INJECTED_CALL, RULE_FLAG_INTERPRETER,
+    RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_PLT,
+    RULE_ROOT, RULE_SIGNAL, RULE_STOP, UNWIND_PAGE_SHIFT, UNWIND_ROWS_PER_BLOCK, UnwindMapping,
+    UnwindPage, UnwindRowBlock, UnwindRule, UserStackEnd,
 };
 use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
 
-use crate::walk::{LOOKUPS_KEPT, Step, WalkState, read_user, return_to, stack_pair, stack_word};
+use crate::walk::{CachedRule, Step, WalkState, read_user, return_to, stack_pair, stack_word};
 use crate::{bump, machine, runtimes, words};
 
 /// `BPF_F_MMAPABLE`: user space writes the tables through a shared
@@ -130,11 +133,7 @@ pub fn walk_user_stack(
         words::set(&raw mut (*state).mapping.end, 0);
         words::set(&raw mut (*state).first_mapping, 0);
         words::set(&raw mut (*state).mapping_count, 0);
-        for i in 0..LOOKUPS_KEPT {
-            if let Some(kept) = (*state).lookups.get_mut(i) {
-                words::set(kept, u64::MAX);
-            }
-        }
+        words::set(&raw mut (*state).generation, 0);
         (*state).stack_window.clear();
         (*state).py_window.clear();
         words::set(&raw mut (*state).frames, 0);
@@ -154,6 +153,7 @@ pub fn walk_user_stack(
         if let Some(process) = UNWIND_PROCESSES.get(&pid) {
             (*state).first_mapping = process.first_mapping;
             (*state).mapping_count = process.mapping_count;
+            (*state).generation = process.generation;
         }
         let mut context = StepContext { state, sample };
         bpf_loop(
@@ -434,51 +434,87 @@ fn signal_step(state: &mut WalkState) -> Result<Step, ()> {
 
 /// The rule covering `pc`: from its process's tables, or the frame-pointer
 /// rule (all zero) where there is none; and whether `pc` is in a mapping
-/// user space registered (with or without a table).
+/// user space registered (with or without a table). Taken from, and kept
+/// in, the walk state's rule cache.
 #[inline(always)]
 fn find_rule(state: &mut WalkState, pc: u64) -> (UnwindRule, bool) {
-    let slot = ((pc ^ (pc >> 4) ^ (pc >> 8)) as usize) & (LOOKUPS_KEPT - 1);
-    if let (Some(&kept), Some(&rule)) = (state.lookups.get(slot), state.lookup_rules.get(slot))
-        && kept == pc
+    // The cache is indexed by granule, and each entry holds the part of
+    // its granule its rule covers: a leaf's PC, which falls anywhere in a
+    // hot loop, hits as well as a return address. Fibonacci hashing: the
+    // product's top bits mix every bit of the granule; the generation
+    // keeps two processes of one binary (same addresses) apart.
+    let granule = pc >> RULE_CACHE_GRANULE_SHIFT;
+    let slot = ((granule ^ (u64::from(state.generation) << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        >> (64 - RULE_CACHE_SLOTS.trailing_zeros())) as usize;
+    if state.generation != 0
+        && let Some(entry) = state.rule_cache.get(slot)
+        && entry.generation == state.generation
+        && pc.wrapping_sub(entry.start) < u64::from(entry.len)
     {
-        return (rule, state.lookups_mapped & (1 << slot) != 0);
+        return (entry.rule, entry.mapped != 0);
     }
-    let found =
+    let (rule, mapped, start, end) =
         if !(state.mapping.start <= pc && pc < state.mapping.end) && !find_mapping(state, pc) {
-            (UnwindRule::default(), false)
+            // Code mapped since the process was registered: this PC only.
+            (UnwindRule::default(), false, pc, pc + 1)
         } else {
-            (rule_in_mapping(state, pc), true)
+            let (rule, start, end) = rule_in_mapping(state, pc);
+            (
+                rule,
+                true,
+                start.max(state.mapping.start),
+                end.min(state.mapping.end),
+            )
         };
-    if let (Some(kept), Some(rule)) = (
-        state.lookups.get_mut(slot),
-        state.lookup_rules.get_mut(slot),
-    ) {
-        *kept = pc;
-        *rule = found.0;
-        if found.1 {
-            state.lookups_mapped |= 1 << slot;
-        } else {
-            state.lookups_mapped &= !(1 << slot);
-        }
+    let granule_start = granule << RULE_CACHE_GRANULE_SHIFT;
+    let start = start.max(granule_start);
+    let end = end.min(granule_start + (1 << RULE_CACHE_GRANULE_SHIFT));
+    if state.generation != 0
+        && start <= pc
+        && pc < end
+        && let Some(entry) = state.rule_cache.get_mut(slot)
+    {
+        let value = CachedRule {
+            start,
+            generation: state.generation,
+            len: (end - start) as u16,
+            mapped: mapped as u16,
+            rule,
+        };
+        words::copy(entry, &value);
     }
-    found
+    (rule, mapped)
 }
 
-/// The rule for `pc` in the mapping cached in `state`.
+/// The rule for `pc` in the mapping cached in `state`, and the addresses
+/// [start, end) around `pc` it covers (empty when the arrays could not be
+/// read).
 #[inline(always)]
-fn rule_in_mapping(state: &WalkState, pc: u64) -> UnwindRule {
-    let none = UnwindRule::default();
+fn rule_in_mapping(state: &WalkState, pc: u64) -> (UnwindRule, u64, u64) {
     let offset = pc.wrapping_sub(state.mapping.base);
     let page_index = offset >> UNWIND_PAGE_SHIFT;
+    // The table's page holding `pc` (its pages start at the mapping's
+    // base). Row offsets are from its start.
+    let table_page = state
+        .mapping
+        .base
+        .wrapping_add(page_index << UNWIND_PAGE_SHIFT);
+    // No table for this page: frame pointers for all of it.
+    let whole_page = (
+        UnwindRule::default(),
+        table_page,
+        table_page + (1 << UNWIND_PAGE_SHIFT),
+    );
+    let failed = (UnwindRule::default(), pc, pc);
     if page_index >= state.mapping.page_count as u64 {
-        return none;
+        return whole_page;
     }
     let Some(page) = UNWIND_PAGES.get(state.mapping.first_page + page_index as u32) else {
-        return none;
+        return failed;
     };
     let (first, count) = (page.first_row, page.row_count);
     if count == 0 {
-        return none;
+        return whole_page;
     }
     let target = (offset & ((1 << UNWIND_PAGE_SHIFT) - 1)) as u16;
     // The last row whose pc_low <= target; a page holds at most 2^12
@@ -492,15 +528,24 @@ fn rule_in_mapping(state: &WalkState, pc: u64) -> UnwindRule {
         match row(first + mid) {
             Some((pc_low, _)) if pc_low <= target => lo = mid,
             Some(_) => hi = mid,
-            None => return none,
+            None => return failed,
         }
     }
-    let Some((_, rule)) = row(first + lo) else {
-        return none;
+    let Some((pc_low, rule)) = row(first + lo) else {
+        return failed;
+    };
+    // The row runs to the next one's start, or to the page's end.
+    let next_low = if lo + 1 < count {
+        match row(first + lo + 1) {
+            Some((next, _)) => u64::from(next),
+            None => return failed,
+        }
+    } else {
+        1 << UNWIND_PAGE_SHIFT
     };
     match UNWIND_RULES.get(rule as u32) {
-        Some(rule) => *rule,
-        None => none,
+        Some(rule) => (*rule, table_page + u64::from(pc_low), table_page + next_low),
+        None => failed,
     }
 }
 

@@ -6,13 +6,10 @@ use aya_ebpf::helpers::bpf_probe_read_user;
 use aya_ebpf::helpers::generated::bpf_probe_read_user as bpf_probe_read_user_bytes;
 use profiler_common::runtimes::hotspot::{BLOB_WINDOW, INTERPRETER_WORDS, JvmProcess};
 use profiler_common::runtimes::python::PyProcess;
-use profiler_common::unwind::{UnwindMapping, UnwindRule, UserStackEnd};
+use profiler_common::unwind::{RULE_CACHE_SLOTS, UnwindMapping, UnwindRule, UserStackEnd};
 use profiler_common::{MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample};
 
 use crate::{machine, words};
-
-/// Lookups a walk keeps (a power of two).
-pub(crate) const LOOKUPS_KEPT: usize = 8;
 
 /// Words of stack a walk copies at once (see `WalkState::stack_window`).
 pub(crate) const STACK_WINDOW_WORDS: usize = 64;
@@ -112,14 +109,16 @@ pub(crate) struct WalkState {
     pub(crate) mapping: UnwindMapping,
     pub(crate) first_mapping: u32,
     pub(crate) mapping_count: u32,
-    /// Addresses looked up in this walk (`LOOKUPS_KEPT`, by a hash of the
-    /// address; `u64::MAX` when empty), and what each lookup found: the
-    /// frames of a recursion share a few return addresses, and the table
-    /// search is the walk's dearest part.
-    pub(crate) lookups: [u64; LOOKUPS_KEPT],
-    pub(crate) lookup_rules: [UnwindRule; LOOKUPS_KEPT],
-    /// Bit i: `lookups[i]` was in a registered mapping.
-    pub(crate) lookups_mapped: u32,
+    /// The process's `ProcessUnwind::generation` (0: not registered, no
+    /// rule is cached).
+    pub(crate) generation: u32,
+    pub(crate) _generation_pad: u32,
+    /// Rules found by this context's walks on this CPU, kept for the next
+    /// ones (`RULE_CACHE_SLOTS`, direct-mapped by a hash of pc and
+    /// generation). Here, beside the rest of the walk's state, rather
+    /// than in a map of their own: the pages a walk touches anyway are
+    /// the ones whose address translations are still cached.
+    pub(crate) rule_cache: [CachedRule; RULE_CACHE_SLOTS as usize],
     /// A copy of the stack from the first frame it holds up. Each native
     /// frame's words are read from here when the window holds them, else
     /// the window is read again from the frame up: one helper call for
@@ -174,6 +173,22 @@ pub(crate) struct WalkState {
     /// The interpreter frame being read, where the stack window could not
     /// hold it.
     pub(crate) jvm_frame: [u64; INTERPRETER_WORDS],
+}
+
+/// A rule a walk found, kept for the next walks: valid while the process's
+/// registration is `generation` (`ProcessUnwind::generation`, never 0, so
+/// an empty slot matches nothing).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct CachedRule {
+    /// The addresses [start, start + len) the rule covers: the part of
+    /// one granule (`RULE_CACHE_GRANULE_SHIFT`) inside the rule's row.
+    pub(crate) start: u64,
+    pub(crate) generation: u32,
+    pub(crate) len: u16,
+    /// The addresses are in a mapping user space registered.
+    pub(crate) mapped: u16,
+    pub(crate) rule: UnwindRule,
 }
 
 pub(crate) enum Step {

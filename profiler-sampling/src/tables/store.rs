@@ -143,6 +143,10 @@ struct RegisteredProcess {
     entries: Vec<(UnwindMapping, Option<TableKey>)>,
     /// Registration tick at which the process was last sampled.
     last_sampled: u64,
+    /// Its entry's `ProcessUnwind::generation` (kept for the tests of the
+    /// walker's cache invariant: a new one at every registration).
+    #[cfg_attr(not(test), allow(dead_code))]
+    generation: u32,
 }
 
 /// The BPF arrays the walker reads.
@@ -226,6 +230,8 @@ pub struct TableStore {
     processes: HashMap<u32, RegisteredProcess>,
     processes_capacity: u32,
     tick: u64,
+    /// The last `ProcessUnwind::generation` given out.
+    generation: u32,
     pub stats: UnwindTableStats,
 }
 
@@ -247,6 +253,7 @@ impl TableStore {
             processes: HashMap::new(),
             processes_capacity,
             tick: 1,
+            generation: 0,
             stats: UnwindTableStats::default(),
         };
         store.write_new_rules();
@@ -647,9 +654,12 @@ impl TableStore {
                     self.stats.map_errors += 1;
                 }
                 std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+                // Never 0, which the walker's empty cache slots hold.
+                self.generation = self.generation.checked_add(1).unwrap_or(1);
                 let value = ProcessUnwind {
                     first_mapping: first,
                     mapping_count: count,
+                    generation: self.generation,
                 };
                 match self.arrays.processes.set(pid, value) {
                     Ok(()) => {
@@ -662,6 +672,7 @@ impl TableStore {
                                 first,
                                 entries,
                                 last_sampled,
+                                generation: value.generation,
                             },
                         );
                     }
@@ -878,13 +889,35 @@ mod tests {
         store.register(2, &[mapping(&object(LIBSTDCXX, 0), 0x20_0000_0000)]);
         store.sampled(&[1]);
         store.sampled(&[2]); // libstdc++ sampled last
+        let generation_before = store.processes[&1].generation;
         store.register(3, &[mapping(&object(LIBGCC, 0), 0x30_0000_0000)]);
         assert_eq!(store.stats.tables_evicted, 1, "{:?}", store.stats);
+        // The walker's cached rules of process 1 were for libc's table,
+        // whose rows libgcc's may now hold: its entry has a new generation.
+        assert_ne!(store.processes[&1].generation, generation_before);
         assert_eq!(store.stats.tables_dropped, 0);
         // Process 1 still knows its mapping, without a table now; 2 and 3
         // have theirs.
         let without = |pid: u32| store.processes[&pid].entries[0].0.page_count == 0;
         assert!(without(1) && !without(2) && !without(3));
         assert!(store.occupancy().rows_used <= capacity);
+    }
+
+    /// The walker keeps rules by (address, generation): every entry it is
+    /// given must have a generation no other entry had.
+    #[test]
+    fn every_registration_has_a_generation_of_its_own() {
+        let mut store = store(1 << 16);
+        let libc = object(LIBC, 0);
+        let mut seen = HashSet::new();
+        for pid in [1, 2, 1, 3, 2] {
+            store.register(pid, &[mapping(&libc, 0x10_0000_0000)]);
+            let generation = store.processes[&pid].generation;
+            assert_ne!(generation, 0, "0 is the walker's empty cache slot");
+            assert!(
+                seen.insert(generation),
+                "generation {generation} given twice"
+            );
+        }
     }
 }
