@@ -8,9 +8,9 @@
 //! `profiler_common::unwind`. `bpf_loop` keeps the verifier's work to one
 //! step; the walk's state lives in a per-CPU map and reaches each step
 //! through the loop's context pointer, so a step does no map lookup of its
-//! own besides the table's array reads. The rules found are kept per CPU
-//! for the next samples (`RULE_CACHE`): a service's stacks return to the
-//! same few hundred addresses, and most lookups end there.
+//! own besides the table's array reads. The rules found are kept in that
+//! state for the next samples (`WalkState::rule_cache`): a service's stacks
+//! return to the same few hundred addresses, and most lookups end there.
 
 use core::ffi::c_void;
 

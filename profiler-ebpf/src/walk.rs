@@ -114,8 +114,8 @@ pub(crate) struct WalkState {
     pub(crate) generation: u32,
     pub(crate) _generation_pad: u32,
     /// Rules found by this context's walks on this CPU, kept for the next
-    /// ones (`RULE_CACHE_SLOTS`, direct-mapped by a hash of pc and
-    /// generation). Here, beside the rest of the walk's state, rather
+    /// ones (`RULE_CACHE_SLOTS`, direct-mapped by a hash of the PC's
+    /// granule and the generation; see `unwind::find_rule`). Here, beside the rest of the walk's state, rather
     /// than in a map of their own: the pages a walk touches anyway are
     /// the ones whose address translations are still cached.
     pub(crate) rule_cache: [CachedRule; RULE_CACHE_SLOTS as usize],
