@@ -1,6 +1,7 @@
 //! The sampler end to end: real BPF on this kernel, real fixture processes,
 //! the real agent binary, and assertions on the symbols it wrote.
 
+use profiler_tests::shares::{Share, share_near};
 use profiler_tests::{agent::*, fixtures::*, processes::*, profiles::*};
 
 fn hot_fixture() -> std::path::PathBuf {
@@ -22,7 +23,7 @@ fn pid_profile_splits_hot_a_and_hot_b_two_to_one() {
         "--pid",
         &pid,
         "--duration",
-        "3s",
+        "4s",
         "-q",
         "-o",
         out.to_str().unwrap(),
@@ -52,16 +53,12 @@ fn pid_profile_splits_hot_a_and_hot_b_two_to_one() {
     let share_a = share(in_a, in_a + in_b);
     let share_b = share(in_b, in_a + in_b);
     println!("samples {total}: hot_a {in_a} ({share_a:.1}%), hot_b {in_b} ({share_b:.1}%)");
-    // About 3 s at 100 Hz on one busy thread.
-    assert!(total >= 150, "only {total} samples in 3 s at 100 Hz");
-    assert!(
-        (share_a - 66.7).abs() <= 10.0,
-        "hot_a share {share_a:.1}% is not 67±10%"
-    );
-    assert!(
-        (share_b - 33.3).abs() <= 10.0,
-        "hot_b share {share_b:.1}% is not 33±10%"
-    );
+    // About 4 s at 100 Hz on one busy thread: 400 samples, enough for the
+    // 2:1 split to be told from 1:1 beyond chance.
+    assert!(total >= 300, "only {total} samples in 4 s at 100 Hz");
+    if let Err(why) = share_near("hot_a", Share::of(in_a, in_a + in_b), 2.0 / 3.0, 0.0, 0.12) {
+        panic!("{why} (hot_a does twice hot_b's work)");
+    }
     assert!(
         in_a + in_b >= total * 9 / 10,
         "hot_a/hot_b in only {} of {total}",
