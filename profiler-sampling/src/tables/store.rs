@@ -317,6 +317,18 @@ impl TableStore {
         entries.sort_by_key(|(e, _)| e.start);
         entries.truncate(MAX_PROCESS_UNWIND_MAPPINGS as usize);
         let count = entries.len();
+        // Registered again with nothing changed (a maps re-read that found
+        // the same mappings): the walker's entry stays, and with its
+        // generation the rules the walker keeps for it. Its tables cannot
+        // have changed under it: one is freed only after every process
+        // using it was installed again without it (`evict`).
+        if self
+            .processes
+            .get(&pid)
+            .is_some_and(|old| old.entries == entries)
+        {
+            return count;
+        }
         self.install(pid, entries);
         count
     }
@@ -904,14 +916,16 @@ mod tests {
     }
 
     /// The walker keeps rules by (address, generation): every entry it is
-    /// given must have a generation no other entry had.
+    /// given must have a generation no other entry had. A registration
+    /// that changes nothing writes nothing: the entry keeps its generation,
+    /// and the walker the rules it kept.
     #[test]
-    fn every_registration_has_a_generation_of_its_own() {
+    fn every_new_entry_has_a_generation_of_its_own() {
         let mut store = store(1 << 16);
         let libc = object(LIBC, 0);
         let mut seen = HashSet::new();
-        for pid in [1, 2, 1, 3, 2] {
-            store.register(pid, &[mapping(&libc, 0x10_0000_0000)]);
+        for (pid, at) in [(1, 0x10), (2, 0x10), (1, 0x20), (3, 0x10), (2, 0x30)] {
+            store.register(pid, &[mapping(&libc, at << 32)]);
             let generation = store.processes[&pid].generation;
             assert_ne!(generation, 0, "0 is the walker's empty cache slot");
             assert!(
@@ -919,5 +933,10 @@ mod tests {
                 "generation {generation} given twice"
             );
         }
+        let entry =
+            |store: &TableStore| (store.processes[&1].generation, store.processes[&1].first);
+        let before = entry(&store);
+        store.register(1, &[mapping(&libc, 0x20 << 32)]);
+        assert_eq!(entry(&store), before, "the same mappings installed again");
     }
 }
