@@ -627,6 +627,7 @@ mod tests {
             root: std::path::PathBuf::from("/"),
             root_dir: None,
             file: File::open(path).map_err(|e| e.to_string()),
+            go_binary: Default::default(),
         };
         Process::new(
             7,

@@ -332,6 +332,7 @@ fn separate_debug_file_by_build_id() {
             .flatten()
             .map(std::sync::Arc::new),
         file: Err("not needed".into()),
+        go_binary: Default::default(),
     };
     for held in [true, false] {
         let found = profiler_symbolize::dwarf::find_debug_file(&file, &object(&root, held))

@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::contained::Root;
 use super::maps::MapEntry;
@@ -32,6 +32,10 @@ pub struct ObjectFile {
     pub root_dir: Option<Arc<Root>>,
     /// The open file, or why it could not be opened.
     pub file: Result<File, String>,
+    /// Whether the file is a Go binary, once a runtime reader has looked
+    /// (an ELF parse): here, beside the file, because every process that
+    /// maps the same file shares this object, and with it the answer.
+    pub go_binary: OnceLock<bool>,
 }
 
 impl ObjectFile {
@@ -54,6 +58,7 @@ impl ObjectFile {
             root: PathBuf::from("/"),
             root_dir: Root::open(Path::new("/")).ok().map(Arc::new),
             file: Ok(file),
+            go_binary: OnceLock::new(),
         })
     }
 
@@ -85,6 +90,7 @@ impl ObjectFile {
                     root,
                     root_dir,
                     file: Ok(file),
+                    go_binary: OnceLock::new(),
                 };
             }
             Ok(_) => errors.push(format!(
@@ -103,6 +109,7 @@ impl ObjectFile {
                     root,
                     root_dir,
                     file: Ok(file),
+                    go_binary: OnceLock::new(),
                 };
             }
             Err(e) => errors.push(e.to_string()),
@@ -113,6 +120,7 @@ impl ObjectFile {
             root,
             root_dir,
             file: Err(errors.join("; ")),
+            go_binary: OnceLock::new(),
         }
     }
 }

@@ -235,9 +235,14 @@ impl GoLabelRegistry {
     }
 }
 
-/// Cheap test on the file's section names (see `go::is_go_binary`).
+/// A test on the file's section names (see `go::is_go_binary`), made
+/// once per file: it maps and parses the ELF, on the thread that drains
+/// samples, and a node's processes map the same few files (each new
+/// process asked it again of its program, libc and the loader).
 fn is_go_object(object: &ObjectFile) -> bool {
-    object.file.as_ref().is_ok_and(super::is_go_binary)
+    *object
+        .go_binary
+        .get_or_init(|| object.file.as_ref().is_ok_and(super::is_go_binary))
 }
 
 /// What the registry reads of a Go binary: its runtime's layout, and
