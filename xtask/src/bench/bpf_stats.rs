@@ -1,12 +1,11 @@
 //! The kernel's own accounting of BPF programs: with
 //! `kernel.bpf_stats_enabled=1` every program has a run count and total run
-//! time, which `bpftool prog show -j` reports. Divided, they are the exact
+//! time, which the kernel reports for each program (`bpftool prog show`
+//! prints them; the bench reads them with the bpf() system call). Divided, they are the exact
 //! cost of one sample in the kernel, charged to whichever task the timer
 //! interrupted (it never shows up as the profiler's own CPU time).
 
-use std::process::Command;
-
-use anyhow::{Context, bail};
+use anyhow::Context;
 
 const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
@@ -87,6 +86,16 @@ pub fn program_counters(pid: u32, kind: Option<&str>) -> anyhow::Result<Option<B
     counters(pid, kind, None)
 }
 
+/// `bpf_prog_type` values (include/uapi/linux/bpf.h) of the kinds asked
+/// for by name, as bpftool names them.
+fn program_type(kind: &str) -> Option<u32> {
+    match kind {
+        "kprobe" => Some(2),
+        "perf_event" => Some(7),
+        _ => None,
+    }
+}
+
 fn counters(
     pid: u32,
     kind_wanted: Option<&str>,
@@ -96,33 +105,27 @@ fn counters(
     if ids.is_empty() {
         return Ok(None);
     }
-    let output = Command::new("bpftool")
-        .args(["-j", "prog", "show"])
-        .output()
-        .context("running bpftool (apt install bpftool)")?;
-    if !output.status.success() {
-        bail!(
-            "`bpftool -j prog show` failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    let programs: Vec<serde_json::Value> =
-        serde_json::from_slice(&output.stdout).context("parsing `bpftool -j prog show`")?;
+    let type_wanted = match kind_wanted {
+        Some(kind) => Some(program_type(kind).with_context(|| format!("program kind {kind:?}"))?),
+        None => None,
+    };
+    // Read with the bpf() system call, not `bpftool prog show`: bpftool
+    // is a process the profiler under measurement samples, and the first
+    // time it does, it builds unwind tables for bpftool and its libraries
+    // right inside the window being measured.
     let mut total: Option<BpfCounters> = None;
-    for program in &programs {
-        let field = |key: &str| program.get(key).and_then(serde_json::Value::as_u64);
-        let id = field("id").unwrap_or(0);
-        let kind = program.get("type").and_then(serde_json::Value::as_str);
-        let program_name = program.get("name").and_then(serde_json::Value::as_str);
-        if !ids.contains(&id) || kind_wanted.is_some_and(|k| kind != Some(k)) {
-            continue;
-        }
-        if name.is_some_and(|n| program_name != Some(n)) {
+    for program in aya::programs::loaded_programs() {
+        // A program unloaded meanwhile is not one of `pid`'s.
+        let Ok(program) = program else { continue };
+        if !ids.contains(&u64::from(program.id()))
+            || type_wanted.is_some_and(|t| program.program_type() as u32 != t)
+            || name.is_some_and(|n| program.name_as_str() != Some(n))
+        {
             continue;
         }
         let entry = total.get_or_insert_with(BpfCounters::default);
-        entry.run_time_ns += field("run_time_ns").unwrap_or(0);
-        entry.run_cnt += field("run_cnt").unwrap_or(0);
+        entry.run_time_ns += program.run_time().as_nanos() as u64;
+        entry.run_cnt += program.run_count();
     }
     Ok(total)
 }

@@ -23,18 +23,30 @@ pub struct GrowthRow {
     pub stacks_in_profile: Option<u64>,
 }
 
-/// Runs the agent over `window` while `load` runs; `load` is started
-/// before the agent so the window sees it from the first sample.
+/// Runs the agent over `window` after `warm_up` while `load` runs; `load`
+/// is started before the agent so the window sees it from the first
+/// sample.
+///
+/// The warm-up keeps one-time work out of the window: the first sample
+/// of each program on the machine (the agent itself, the shell, the
+/// bench) builds that program's unwind table, tens of milliseconds for a
+/// large binary, and whether it fell inside a 6 s window or just before
+/// it moved a row by 2x from run to run (31.6 ms against 0.9 ms of the
+/// table thread's CPU in two runs of the 100-process row). Processes first
+/// sampled during the window still cost their maps read and registration
+/// there: that part of the growth is the load's, and it stays in.
 fn measure(
     env: &Env,
     hz: u64,
     window: Duration,
+    warm_up: Duration,
     name: &str,
     load: Vec<Managed>,
 ) -> anyhow::Result<(WindowCost, u64, AgentReport, u64)> {
     let output = env.out.join(format!("growth-{name}.folded"));
     let log = env.out.join(format!("growth-{name}.log"));
     let running = start_agent(env, hz, &output, &log, None, &[])?;
+    std::thread::sleep(warm_up);
     let start = running.snapshot()?;
     std::thread::sleep(window);
     let end = running.snapshot()?;
@@ -51,9 +63,10 @@ fn measure(
     ))
 }
 
-/// How long a load must live: the agent start-up, the window and slack.
-fn lifetime(window: Duration) -> f64 {
-    window.as_secs_f64() + 30.0
+/// How long a load must live: the agent start-up, the warm-up, the window
+/// and slack.
+fn lifetime(window: Duration, warm_up: Duration) -> f64 {
+    (window + warm_up).as_secs_f64() + 30.0
 }
 
 /// 1, 100 and 1,000 processes: one busy (deep stacks, one thread); of the
@@ -64,7 +77,7 @@ pub fn processes(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
     let mut rows = Vec::new();
     for &n in &plan.process_counts {
         eprintln!("bench: growth, {n} processes");
-        let life = lifetime(plan.window);
+        let life = lifetime(plan.window, plan.growth_warmup);
         let mut load = Vec::new();
         load.push(Managed::spawn(
             Command::new(env.bins.join("deepstacks"))
@@ -87,8 +100,14 @@ pub fn processes(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
             };
             load.push(Managed::spawn(&mut c, "load")?);
         }
-        let (cost, rss, report, _) =
-            measure(env, plan.hz, plan.window, &format!("procs-{n}"), load)?;
+        let (cost, rss, report, _) = measure(
+            env,
+            plan.hz,
+            plan.window,
+            plan.growth_warmup,
+            &format!("procs-{n}"),
+            load,
+        )?;
         rows.push(GrowthRow {
             label: format!(
                 "{n} processes (1 busy, {bursty} bursty, {} sleeping)",
@@ -122,7 +141,7 @@ pub fn stacks(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
         let load = vec![Managed::spawn(
             Command::new(env.bins.join("stacks"))
                 .args([
-                    format!("{}", lifetime(window)),
+                    format!("{}", lifetime(window, Duration::ZERO)),
                     distinct.to_string(),
                     "2".into(),
                 ])
@@ -130,7 +149,9 @@ pub fn stacks(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
             "stacks",
         )?];
         let name = format!("stacks-{distinct}-{}s", window.as_secs());
-        let (cost, rss, report, stacks) = measure(env, plan.stacks_hz, window, &name, load)?;
+        // No warm-up: these rows follow the generator's stacks from its start.
+        let (cost, rss, report, stacks) =
+            measure(env, plan.stacks_hz, window, Duration::ZERO, &name, load)?;
         rows.push(GrowthRow {
             label: format!(
                 "{distinct} distinct stacks, {} s window",
@@ -160,12 +181,21 @@ pub fn cpus(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
         eprintln!("bench: growth, {busy} busy CPUs");
         let load = vec![Managed::spawn(
             Command::new(env.bins.join("deepstacks"))
-                .args([format!("{}", lifetime(plan.window)), busy.to_string()])
+                .args([
+                    format!("{}", lifetime(plan.window, plan.growth_warmup)),
+                    busy.to_string(),
+                ])
                 .stdout(std::process::Stdio::null()),
             "deepstacks",
         )?];
-        let (cost, rss, report, _) =
-            measure(env, plan.hz, plan.window, &format!("cpus-{busy}"), load)?;
+        let (cost, rss, report, _) = measure(
+            env,
+            plan.hz,
+            plan.window,
+            plan.growth_warmup,
+            &format!("cpus-{busy}"),
+            load,
+        )?;
         rows.push(GrowthRow {
             label: format!("{busy} busy CPUs"),
             x: busy as u64,
@@ -181,7 +211,7 @@ pub fn cpus(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
         "bench: growth, {} busy CPUs at {hz} Hz, mixed load",
         env.cpus
     );
-    let seconds = format!("{}", lifetime(plan.window));
+    let seconds = format!("{}", lifetime(plan.window, plan.growth_warmup));
     let quiet = |name: &str, args: &[&str]| {
         let mut command = Command::new(env.bins.join(name));
         command.args(args).stdout(std::process::Stdio::null());
@@ -192,7 +222,8 @@ pub fn cpus(env: &Env, plan: &Plan) -> anyhow::Result<Vec<GrowthRow>> {
         quiet("deepstacks", &[&seconds, "1"])?,
         quiet("qsortchain-nofp", &[&seconds])?,
     ];
-    let (cost, rss, report, _) = measure(env, hz, plan.window, "cpus-node", load)?;
+    let (cost, rss, report, _) =
+        measure(env, hz, plan.window, plan.growth_warmup, "cpus-node", load)?;
     rows.push(GrowthRow {
         label: format!(
             "{} busy CPUs at {hz} Hz = {NODE_SAMPLES_PER_SECOND} samples/s (a 64-CPU node at \

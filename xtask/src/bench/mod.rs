@@ -77,6 +77,9 @@ pub struct Plan {
     /// From the agent's readiness to the first measured window boundary
     /// (start-up, first symbolization of every binary, caches filling).
     pub continuous_warmup: Duration,
+    /// Before each growth window (processes, busy CPUs): see
+    /// `growth::measure`.
+    pub growth_warmup: Duration,
     /// Whole windows measured in steady state.
     pub continuous_windows: u64,
     /// Idle processes of the second continuous configuration.
@@ -110,6 +113,7 @@ impl Plan {
             // two 2 s windows, enough to see windows built and exported.
             continuous_window: if quick { seconds(2) } else { seconds(5) },
             continuous_warmup: if quick { seconds(1) } else { seconds(10) },
+            growth_warmup: if quick { seconds(0) } else { seconds(10) },
             continuous_windows: if quick { 2 } else { 12 },
             idle_processes: 200,
             baseline_warmup: if quick { seconds(0) } else { seconds(2) },

@@ -155,7 +155,8 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
         "CPU: the profiler process's user+system CPU seconds per wall second while a workload \
          ran (from /proc/PID/stat). Whole run: its CPU seconds from start to exit (start-up, \
          bcc's compile, writing the output). Peak RSS: VmHWM. BPF: run_time_ns / run_cnt of \
-         its perf_event programs (`bpftool -j prog show`), per sample, idle samples included; \
+         its perf_event programs (the kernel's counters, as `bpftool prog show` prints them), per \
+         sample, idle samples included; \
          that time is charged to the interrupted task, not the profiler.\n"
     );
     let _ = writeln!(
@@ -198,7 +199,10 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
         md,
         "Agent alone, system-wide. µs per sample: the agent process's CPU time divided by \
          its BPF program's runs in the window. Extra load from other users of the machine \
-         is sampled too.\n"
+         is sampled too. The process and CPU rows measure after a {} s warm-up, so the \
+         one-time table builds of the machine's programs (the agent's own among them) fall \
+         before the window; processes first sampled during it are registered in it.\n",
+        plan.growth_warmup.as_secs()
     );
     growth_table(&mut md, "Processes", &r.processes);
     growth_table(&mut md, "Distinct stacks", &r.stacks);
@@ -828,8 +832,11 @@ pub fn verdicts(plan: &Plan, r: &Results) -> Vec<String> {
     verdict(
         node.map(|row| row.peak_rss_bytes <= 64 << 20),
         format!(
-            "agent peak RSS <= 64 MiB at {} samples/s: {}",
+            "agent peak RSS <= 64 MiB at {} samples/s (`record`, {} s warm-up + {} s window; \
+             its memory follows the distinct stacks it holds): {}",
             super::growth::NODE_SAMPLES_PER_SECOND,
+            plan.growth_warmup.as_secs(),
+            plan.window.as_secs(),
             node.map_or("–".into(), |row| format!(
                 "{:.1} MiB",
                 row.peak_rss_bytes as f64 / (1 << 20) as f64
