@@ -427,7 +427,7 @@ impl Agent {
                 "restarting the sampler to bound memory (max_processes / max_objects)"
             );
             let mut recording = self.finish_recorder();
-            self.merge(std::mem::take(&mut recording.stacks));
+            self.merge(recording.take_stacks());
             self.export_window(&mut Symbols::Finished(&mut recording));
             self.finish_due_pulls_with(&mut Symbols::Finished(&mut recording), Instant::now());
             drop(recording);
@@ -635,7 +635,7 @@ impl Agent {
         );
         let mut recording = self.finish_recorder();
         self.update_metrics();
-        self.merge(std::mem::take(&mut recording.stacks));
+        self.merge(recording.take_stacks());
         self.export_window(&mut Symbols::Finished(&mut recording));
         for pull in self.pulls.drain(..) {
             let _ = pull

@@ -80,7 +80,7 @@ mod tests {
             thread: [0; 16],
             user: vec![leaf].into(),
             kernel: Box::default(),
-            labels: Box::default(),
+            labels: Default::default(),
         }
     }
 

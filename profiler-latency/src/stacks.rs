@@ -308,7 +308,7 @@ fn add(stacks: &mut Stacks, id: StackId, user: Box<[u64]>, count: u64, sum_ns: u
         thread: [0; 16],
         user,
         kernel: Box::default(),
-        labels: Box::default(),
+        labels: Default::default(),
     };
     *stacks.entry(key).or_default() += StackCounts {
         samples: count,

@@ -13,6 +13,7 @@ pub mod wait;
 pub use to_profile::{ProfileWindow, build_profile, build_profile_of};
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use profiler_common::unwind::UserStackEnd;
@@ -46,8 +47,33 @@ pub struct StackKey {
     /// Leaf first.
     pub kernel: Box<[u64]>,
     /// The goroutine's pprof labels (and id, when asked for), sorted by
-    /// key; empty outside Go.
-    pub labels: Box<[(String, String)]>,
+    /// key; empty outside Go. Shared by every stack of the window with the
+    /// same labels (`LabelSets`).
+    pub labels: Arc<[(String, String)]>,
+}
+
+/// The distinct label sets of a window's stacks, each held once. A Go
+/// service's samples carry a few label sets over tens of thousands of
+/// distinct stacks (60 s of the bench's Go service at 6400 samples/s:
+/// 51,574 distinct stacks, 2 label sets); owned by each stack, two labels
+/// were four strings and a slice allocated per stack. Shared, the agent's
+/// anonymous memory after 39 s of that load (with deep C stacks and C
+/// without frame pointers) fell from 40.5-40.9 MiB to 18.7-19.5 MiB.
+/// Cleared with the stacks they serve (`Recording::take_stacks`), so a
+/// label of unbounded values costs no more than the stacks do.
+#[derive(Debug, Default)]
+pub struct LabelSets(hashbrown::HashSet<Arc<[(String, String)]>>);
+
+impl LabelSets {
+    /// The shared copy of `labels`.
+    fn intern(&mut self, labels: &[(String, String)]) -> Arc<[(String, String)]> {
+        if let Some(set) = self.0.get(labels) {
+            return set.clone();
+        }
+        let set: Arc<[(String, String)]> = labels.into();
+        self.0.insert(set.clone());
+        set
+    }
 }
 
 /// A [`StackKey`] borrowed from a sample's record. Its fields are the
@@ -75,14 +101,14 @@ impl hashbrown::Equivalent<StackKey> for StackRef<'_> {
 }
 
 impl StackRef<'_> {
-    fn to_key(&self) -> StackKey {
+    fn to_key(&self, label_sets: &mut LabelSets) -> StackKey {
         StackKey {
             pid: self.pid,
             tid: self.tid,
             thread: self.thread,
             user: self.user.into(),
             kernel: self.kernel.into(),
-            labels: self.labels.into(),
+            labels: label_sets.intern(self.labels),
         }
     }
 }
@@ -168,6 +194,8 @@ impl std::ops::Add for OffCpuTotals {
 /// Everything a run collected.
 pub struct Recording {
     pub stacks: Stacks,
+    /// The label sets `stacks` share.
+    pub label_sets: LabelSets,
     /// What the profile built from it shows.
     pub kind: ProfileKind,
     pub off_cpu: OffCpuTotals,
@@ -197,6 +225,15 @@ pub struct Recording {
     /// What the runtimes' registries did (Go labels, Python processes);
     /// filled by `finish`.
     pub runtime_stats: RuntimeStats,
+}
+
+impl Recording {
+    /// The stacks so far, leaving none (and forgetting the label sets they
+    /// shared: the taken keys keep theirs).
+    pub fn take_stacks(&mut self) -> Stacks {
+        self.label_sets = LabelSets::default();
+        std::mem::take(&mut self.stacks)
+    }
 }
 
 /// Samples by how their user stack walk ended.
@@ -321,6 +358,7 @@ impl Recorder {
             thread_refreshes: HashMap::new(),
             recording: Recording {
                 stacks: Stacks::default(),
+                label_sets: LabelSets::default(),
                 kind: ProfileWindow::kind_for(config),
                 off_cpu: OffCpuTotals::default(),
                 processes,
@@ -416,7 +454,7 @@ impl Recorder {
     pub fn take_window(&mut self) -> Window {
         while self.poll(Duration::ZERO) > 0 {}
         let now = SystemTime::now();
-        let stacks = std::mem::take(&mut self.recording.stacks);
+        let stacks = self.recording.take_stacks();
         let window = Window {
             stacks,
             profile: ProfileWindow {
@@ -576,7 +614,8 @@ fn aggregate(
             // A new stack: name its runtime frames while the process
             // lives (a profile may be built after it exited).
             recording.runtime_frames.observe(sample.pid, user);
-            recording.stacks.insert(key.to_key(), counts);
+            let key = key.to_key(&mut recording.label_sets);
+            recording.stacks.insert(key, counts);
         }
     }
     if recording.processes.observe_stack(sample.pid, user, new)
@@ -608,10 +647,16 @@ mod tests {
             labels: &labels,
         };
         let mut stacks = Stacks::default();
-        stacks.insert(view.to_key(), StackCounts::samples(1));
+        let mut label_sets = LabelSets::default();
+        stacks.insert(view.to_key(&mut label_sets), StackCounts::samples(1));
         *stacks.get_mut(&view).expect("found by its view") += StackCounts::samples(1);
         assert_eq!(stacks.len(), 1);
-        assert_eq!(stacks[&view.to_key()].samples, 2);
+        let again = view.to_key(&mut label_sets);
+        assert_eq!(stacks[&again].samples, 2);
+        // The second key shares the first one's labels.
+        let first = stacks.keys().next().unwrap();
+        assert!(Arc::ptr_eq(&first.labels, &again.labels));
+        assert_eq!(label_sets.0.len(), 1);
         let other_leaf = StackRef {
             user: &[0x401001, 0x402000],
             ..view

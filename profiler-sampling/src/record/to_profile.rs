@@ -192,7 +192,7 @@ pub fn build_profile_of<'a>(
             (thread_key, texts.get(&thread)),
         ];
         // A Go label never hides the agent's own (pid, comm, ...).
-        for (k, v) in &key.labels {
+        for (k, v) in key.labels.iter() {
             if !labels.iter().any(|(own, _)| **own == **k) {
                 labels.push((texts.get(k), texts.get(v)));
             }
