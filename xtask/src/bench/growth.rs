@@ -46,18 +46,7 @@ fn measure(
     let output = env.out.join(format!("growth-{name}.folded"));
     let log = env.out.join(format!("growth-{name}.log"));
     let running = start_agent(env, hz, &output, &log, None, &[])?;
-    if !warm_up.is_zero() {
-        // The bench is a program on the node too: busy for a moment here,
-        // it is sampled, and the agent builds its tables now rather than
-        // at the first snapshot, inside the window. (A 1-process row took
-        // 0.62% of a core in one run, 0.08-0.10% in others; the bench was
-        // in its profile, and building a program's tables takes 30-40 ms.)
-        let busy_until = std::time::Instant::now() + Duration::from_millis(300);
-        while std::time::Instant::now() < busy_until {
-            std::hint::spin_loop();
-        }
-        std::thread::sleep(warm_up);
-    }
+    std::thread::sleep(warm_up);
     let start = running.snapshot()?;
     std::thread::sleep(window);
     let end = running.snapshot()?;
