@@ -10,20 +10,20 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 
-use aya::maps::{Map, MapData};
+use aya::maps::{Array, IterableMap, Map, MapData};
 
 /// A BPF array of `T`. `T` must be a plain `#[repr(C)]` type whose size is a
 /// multiple of 8: the kernel lays array elements out at a stride of their
 /// size rounded up to 8.
-pub struct MappedArray<T> {
-    storage: Storage,
+pub struct MappedArray<T: aya::Pod> {
+    storage: Storage<T>,
     len: usize,
     _element: std::marker::PhantomData<T>,
 }
 
-enum Storage {
+enum Storage<T: aya::Pod> {
     /// The kernel's array; mapped a window at a time.
-    Kernel(MapData),
+    Kernel(Array<MapData, T>),
     /// This process's memory (tests, and measuring tables without a kernel).
     Memory(memmap2::MmapMut),
 }
@@ -53,51 +53,14 @@ pub enum ArrayError {
 
 const PAGE: usize = 4096;
 
-/// Writes of up to this many elements go through `bpf(BPF_MAP_UPDATE_ELEM)`,
+/// Writes of up to this many elements go through `bpf(BPF_MAP_UPDATE_ELEM)`
+/// (aya's `Array::set`),
 /// one call each, rather than through a mapping. A process's registration
 /// writes a few mappings: mapping a window for them and unmapping it took
 /// 18-21 and 11 µs, the four or so updates about 2 µs each (1,000 processes, 73
 /// registrations in 7 s: 2.1-2.5 ms of those calls before, 0.65-0.7 ms
 /// after). A table's rows, thousands at once, stay with the mapping.
 const SMALL_WRITE: usize = 32;
-
-/// `bpf(BPF_MAP_UPDATE_ELEM)` of element `index` of the array `fd`.
-fn update_element(fd: std::os::fd::RawFd, index: u32, value: &[u8]) -> std::io::Result<()> {
-    /// `union bpf_attr` as the element commands read it.
-    #[repr(C)]
-    struct ElementAttr {
-        map_fd: u32,
-        _pad: u32,
-        key: u64,
-        value: u64,
-        flags: u64,
-    }
-    const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
-    const BPF_ANY: u64 = 0;
-    let attr = ElementAttr {
-        map_fd: fd as u32,
-        _pad: 0,
-        key: (&raw const index) as u64,
-        value: value.as_ptr() as u64,
-        flags: BPF_ANY,
-    };
-    // SAFETY: the attribute points at `index` and `value`, both alive for
-    // the call; the kernel reads the array's value size from `value` (the
-    // caller passes one whole element) and writes nothing back.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_MAP_UPDATE_ELEM,
-            &raw const attr,
-            std::mem::size_of::<ElementAttr>() as libc::c_uint,
-        )
-    };
-    if rc < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
 
 impl<T: Copy + aya::Pod> MappedArray<T> {
     /// The array `name`, taken out of `ebpf`. Checks that it can be mapped.
@@ -121,7 +84,9 @@ impl<T: Copy + aya::Pod> MappedArray<T> {
             });
         }
         let array = MappedArray {
-            storage: Storage::Kernel(map),
+            storage: Storage::Kernel(
+                Array::try_from(Map::Array(map)).map_err(|_| ArrayError::NotAnArray(name))?,
+            ),
             len: info.max_entries() as usize,
             _element: std::marker::PhantomData,
         };
@@ -166,7 +131,7 @@ impl<T: Copy + aya::Pod> MappedArray<T> {
         };
         let first = start / PAGE * PAGE;
         let end = (start + len).div_ceil(PAGE) * PAGE;
-        let fd = map.fd().as_fd().as_raw_fd();
+        let fd = map.map().fd().as_fd().as_raw_fd();
         // SAFETY: a shared mapping of pages of a BPF_F_MMAPABLE array,
         // inside its size; the kernel keeps the memory alive while the map
         // (held in `storage`) or the mapping exists, and the BPF programs
@@ -218,15 +183,14 @@ impl<T: Copy + aya::Pod> MappedArray<T> {
         let bytes = unsafe {
             std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
         };
-        if let Storage::Kernel(map) = &self.storage
+        let len = self.len;
+        if let Storage::Kernel(array) = &mut self.storage
             && values.len() <= SMALL_WRITE
-            && at
-                .checked_add(values.len())
-                .is_some_and(|end| end <= self.len)
+            && at.checked_add(values.len()).is_some_and(|end| end <= len)
         {
-            let fd = map.fd().as_fd().as_raw_fd();
-            return bytes.chunks_exact(size).enumerate().all(|(i, value)| {
-                update_element(fd, (at + i) as u32, value)
+            return values.iter().enumerate().all(|(i, value)| {
+                array
+                    .set((at + i) as u32, value, 0)
                     .map_err(|error| tracing::debug!(%error, "writing an unwind array element"))
                     .is_ok()
             });

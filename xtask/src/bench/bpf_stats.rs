@@ -110,9 +110,9 @@ fn counters(
         None => None,
     };
     // Read with the bpf() system call, not `bpftool prog show`: bpftool
-    // is a process the profiler under measurement samples, and the first
-    // time it does, it builds unwind tables for bpftool and its libraries
-    // right inside the window being measured.
+    // is a new process the profiler under measurement may sample at each
+    // snapshot, and the first time it does, it builds unwind tables for
+    // bpftool and its libraries inside the window being measured.
     let mut total: Option<BpfCounters> = None;
     for program in aya::programs::loaded_programs() {
         // A program unloaded meanwhile is not one of `pid`'s.
