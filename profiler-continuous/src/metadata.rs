@@ -7,9 +7,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::kubernetes::{PodContainer, PodIndex};
-use profiler_profile::{LabelText, Profile};
+use profiler_profile::{LabelText, Labels, Profile};
 use profiler_symbolize::process::{self, ContainerInfo};
 
 /// One process's labels.
@@ -111,14 +112,26 @@ impl MetadataCache {
         // all carry the same ones.
         let node: LabelText = node.into();
         let mut by_pid: HashMap<u32, Vec<(LabelText, LabelText)>> = HashMap::new();
+        // Samples that shared a label list share its longer form too
+        // (the list has the pid in it, so it has one longer form). Keyed
+        // by the list's address, and the list is kept with its longer
+        // form: it cannot be freed and its address reused for another.
+        let mut extended: HashMap<usize, (Labels, Labels)> = HashMap::new();
         for sample in &mut profile.samples {
             let Some(pid) = sample.label("pid").and_then(|p| p.parse::<u32>().ok()) else {
                 continue;
             };
+            let address = Arc::as_ptr(&sample.labels) as *const () as usize;
+            if let Some((_, longer)) = extended.get(&address) {
+                sample.labels = longer.clone();
+                continue;
+            }
             let labels = by_pid
                 .entry(pid)
                 .or_insert_with(|| self.labels_of(pid, &node));
-            sample.labels.extend(labels.iter().cloned());
+            let original = sample.labels.clone();
+            sample.add_labels(labels.iter().cloned());
+            extended.insert(address, (original, sample.labels.clone()));
         }
     }
 
@@ -293,12 +306,39 @@ mod tests {
     }
 
     #[test]
+    fn samples_sharing_a_label_list_share_its_longer_form() {
+        let root = fake_proc();
+        let mut cache = MetadataCache::new(root.path(), None);
+        let shared: Labels = vec![("pid".into(), "10".into())].into();
+        let other: Labels = vec![("pid".into(), "12".into())].into();
+        let sample = |labels: &Labels| Sample {
+            labels: labels.clone(),
+            ..Sample::default()
+        };
+        let mut profile = Profile {
+            samples: vec![sample(&shared), sample(&other), sample(&shared)],
+            ..Profile::default()
+        };
+        cache.label(&mut profile, "node-1");
+        let [a, b, c] = &profile.samples[..] else {
+            panic!("three samples");
+        };
+        assert!(Arc::ptr_eq(&a.labels, &c.labels));
+        assert!(!Arc::ptr_eq(&a.labels, &b.labels));
+        assert_eq!(a.label("service_name"), Some("nginx"));
+        assert_eq!(b.label("service_name"), Some("app"));
+        assert_eq!(b.label("pid"), Some("12"));
+        // The list they started from is not changed.
+        assert_eq!(shared.len(), 1);
+    }
+
+    #[test]
     fn labels_and_eviction() {
         let root = fake_proc();
         let mut cache = MetadataCache::new(root.path(), None);
         let mut profile = Profile {
             samples: vec![Sample {
-                labels: vec![("pid".into(), "10".into())],
+                labels: vec![("pid".into(), "10".into())].into(),
                 ..Sample::default()
             }],
             ..Profile::default()

@@ -295,8 +295,7 @@ impl ProbeStacks {
 fn without_thread_labels(profile: &mut Profile) {
     for sample in &mut profile.samples {
         sample
-            .labels
-            .retain(|(key, value)| !matches!(&**key, "tid" | "thread") && !value.is_empty());
+            .retain_labels(|(key, value)| !matches!(&**key, "tid" | "thread") && !value.is_empty());
     }
 }
 
@@ -369,13 +368,14 @@ mod tests {
                     ("tid".into(), "0".into()),
                     ("comm".into(), "".into()),
                     ("thread".into(), "".into()),
-                ],
+                ]
+                .into(),
                 ..Default::default()
             }],
             ..Profile::default()
         };
         without_thread_labels(&mut profile);
-        assert_eq!(profile.samples[0].labels, [("pid".into(), "42".into())]);
+        assert_eq!(*profile.samples[0].labels, [("pid".into(), "42".into())]);
     }
 
     #[test]

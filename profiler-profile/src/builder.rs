@@ -89,6 +89,13 @@ impl<L: Hash + Eq, M: Hash + Eq> ProfileBuilder<L, M> {
         }
     }
 
+    /// Room for `additional` more samples at once: a profile of tens of
+    /// thousands of stacks would otherwise grow its sample list by
+    /// doubling, up to twice the memory it needs at the end.
+    pub fn reserve_samples(&mut self, additional: usize) {
+        self.profile.samples.reserve_exact(additional);
+    }
+
     pub fn sample(&mut self, sample: Sample) {
         self.profile.samples.push(sample);
     }

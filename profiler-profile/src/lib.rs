@@ -15,6 +15,12 @@ pub use builder::ProfileBuilder;
 /// A sample label's key or value.
 pub type LabelText = std::sync::Arc<str>;
 
+/// A sample's string labels, shared: the samples of one thread (pid, tid,
+/// comm, thread, its Go labels) hold one list between them instead of
+/// a copy each, which at tens of thousands of stacks was megabytes of
+/// `record`'s peak memory.
+pub type Labels = std::sync::Arc<[(LabelText, LabelText)]>;
+
 use std::path::Path;
 
 /// What a profile's samples measure.
@@ -156,10 +162,11 @@ pub struct Sample {
     /// samples.
     pub off_cpu_ns: u64,
     /// String labels, e.g. ("pid", "1234"), ("comm", "nginx"). Shared
-    /// strings: a profile of tens of thousands of stacks repeats the same
-    /// few keys and values in every sample, and one allocation per string
-    /// per sample was most of `record`'s peak memory.
-    pub labels: Vec<(LabelText, LabelText)>,
+    /// strings in a shared list: a profile of tens of thousands of stacks
+    /// repeats the same few keys and values in every sample, and one
+    /// allocation per string, then one list per sample, were most of
+    /// `record`'s peak memory.
+    pub labels: Labels,
     /// The sample's values for the kinds that have their own (`Heap`,
     /// `Goroutine`); empty for the others, whose values are `count` and
     /// `off_cpu_ns`.
@@ -170,6 +177,20 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// Adds labels to this sample alone (its list is copied once, not
+    /// changed for the samples that share it).
+    pub fn add_labels(&mut self, more: impl IntoIterator<Item = (LabelText, LabelText)>) {
+        let mut labels = self.labels.to_vec();
+        labels.extend(more);
+        self.labels = labels.into();
+    }
+
+    /// Keeps this sample's labels that `keep` accepts (a copy of its
+    /// list, as `add_labels`).
+    pub fn retain_labels(&mut self, mut keep: impl FnMut(&(LabelText, LabelText)) -> bool) {
+        self.labels = self.labels.iter().filter(|l| keep(l)).cloned().collect();
+    }
+
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels
             .iter()

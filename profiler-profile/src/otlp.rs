@@ -515,7 +515,7 @@ mod tests {
                     locations: vec![1, 0],
                     count: 7,
                     off_cpu_ns: 0,
-                    labels: vec![("pid".into(), pid.into()), ("comm".into(), "app".into())],
+                    labels: vec![("pid".into(), pid.into()), ("comm".into(), "app".into())].into(),
                     ..Default::default()
                 },
                 Sample {
@@ -526,7 +526,8 @@ mod tests {
                         ("pid".into(), pid.into()),
                         ("thread".into(), "worker".into()),
                         ("service_name".into(), "app2".into()),
-                    ],
+                    ]
+                    .into(),
                     ..Default::default()
                 },
             ],
@@ -542,7 +543,7 @@ mod tests {
         let mut blocked = p.samples[0].clone();
         blocked.count = 0;
         blocked.off_cpu_ns = 4_000_000;
-        blocked.labels.push(("wait".into(), "lock".into()));
+        blocked.add_labels([("wait".into(), "lock".into())]);
         p.samples.push(blocked);
         let request = export_request(
             &[ResourceProfile {

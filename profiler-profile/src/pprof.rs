@@ -351,7 +351,7 @@ mod tests {
                 locations: vec![0, 1],
                 count: 3,
                 off_cpu_ns: 0,
-                labels: vec![("pid".into(), "42".into()), ("comm".into(), "app".into())],
+                labels: vec![("pid".into(), "42".into()), ("comm".into(), "app".into())].into(),
                 ..Default::default()
             }],
             comments: vec!["note".into()],
@@ -379,7 +379,7 @@ mod tests {
         let mut blocked = profile.samples[0].clone();
         blocked.count = 0;
         blocked.off_cpu_ns = 2_500_000;
-        blocked.labels.push(("wait".into(), "lock".into()));
+        blocked.add_labels([("wait".into(), "lock".into())]);
         profile.samples.push(blocked);
 
         profile.kind = ProfileKind::OffCpu;
@@ -412,7 +412,7 @@ mod tests {
         let mut profile = sample_profile();
         let mut other = profile.samples[0].clone();
         other.locations = vec![1];
-        other.labels.push(("endpoint".into(), "/checkout".into()));
+        other.add_labels([("endpoint".into(), "/checkout".into())]);
         profile.samples.push(other);
         let decoded = decode(&encode_gzip(&profile).unwrap()).unwrap();
         assert_eq!(decoded, to_proto(&profile));

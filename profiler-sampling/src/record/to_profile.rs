@@ -1,10 +1,12 @@
 //! From a recording to a symbolized `Profile`.
 
+use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use profiler_profile::{
-    FrameType, Function, LabelText, Location, Mapping, Profile, ProfileBuilder, ProfileKind, Sample,
+    FrameType, Function, LabelText, Labels, Location, Mapping, Profile, ProfileBuilder,
+    ProfileKind, Sample,
 };
 use profiler_runtimes::RuntimeFrames;
 use profiler_symbolize::NameSource;
@@ -15,13 +17,16 @@ use profiler_unwind::UserFrame;
 use super::{Recording, StackCounts, StackKey, wait};
 
 /// Label keys and values, each allocated once per profile and shared by
-/// every sample that carries it.
+/// every sample that carries it; so are whole label lists.
 #[derive(Default)]
 struct Texts {
     /// Looked up by `&str` (an `Arc<str>` borrows as one): one allocation
     /// per distinct text.
     strings: HashSet<LabelText>,
     numbers: HashMap<u32, LabelText>,
+    /// Looked up by slice: one list per thread and label set, not per
+    /// stack.
+    lists: HashSet<Labels>,
 }
 
 impl Texts {
@@ -31,6 +36,15 @@ impl Texts {
         }
         let shared = LabelText::from(text);
         self.strings.insert(shared.clone());
+        shared
+    }
+
+    fn list(&mut self, labels: &[(LabelText, LabelText)]) -> Labels {
+        if let Some(shared) = self.lists.get(labels) {
+            return shared.clone();
+        }
+        let shared = Labels::from(labels);
+        self.lists.insert(shared.clone());
         shared
     }
 
@@ -73,8 +87,12 @@ enum MappingKey {
 /// sample per distinct (thread, stack), leaf first, kernel frames before
 /// the user frames that entered the kernel.
 pub fn build_profile(recording: &mut Recording) -> Profile {
+    // The stacks are consumed as they become samples: each one's frames go
+    // as soon as its sample holds their locations, so a long recording's
+    // stacks and its profile are not both whole in memory at the end (the
+    // top of `record`'s peak memory at a high rate).
+    let stacks = recording.take_stacks();
     let Recording {
-        stacks,
         processes,
         symbolizer,
         runtime_frames,
@@ -90,13 +108,7 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         frequency_hz: *frequency_hz,
         kind: *kind,
     };
-    build_profile_of(
-        stacks.iter(),
-        processes,
-        symbolizer,
-        runtime_frames,
-        &window,
-    )
+    build_profile_of(stacks, processes, symbolizer, runtime_frames, &window)
 }
 
 /// When and how fast the stacks of a profile were sampled, and what the
@@ -122,9 +134,10 @@ impl ProfileWindow {
 }
 
 /// Builds a profile of any set of counted stacks (a whole recording, one
-/// window of a continuous run, one service's share of it).
-pub fn build_profile_of<'a>(
-    stacks: impl Iterator<Item = (&'a StackKey, &'a StackCounts)>,
+/// window of a continuous run, one service's share of it). Stacks given by
+/// value are dropped one by one as their samples are made.
+pub fn build_profile_of<K: Borrow<StackKey>, C: Borrow<StackCounts>>(
+    stacks: impl IntoIterator<Item = (K, C)>,
     processes: &ProcessTable,
     symbolizer: &mut Symbolizer,
     runtime_frames: &mut RuntimeFrames,
@@ -140,16 +153,16 @@ pub fn build_profile_of<'a>(
     builder.kind(window.kind);
 
     // Deterministic output: visit stacks in a stable order.
-    let mut stacks: Vec<_> = stacks.collect();
-    stacks.sort_by(|a, b| {
-        (a.0.pid, a.0.tid, &a.0.user, &a.0.kernel, &a.0.labels).cmp(&(
-            b.0.pid,
-            b.0.tid,
-            &b.0.user,
-            &b.0.kernel,
-            &b.0.labels,
-        ))
+    // Every field of the key is compared, so no two stacks are equal and
+    // an unstable sort (which needs no copy of the list, a stable one
+    // does) gives one order.
+    let mut stacks: Vec<(K, C)> = stacks.into_iter().collect();
+    stacks.sort_unstable_by(|(a, _), (b, _)| {
+        let (a, b) = (a.borrow(), b.borrow());
+        (a.pid, a.tid, &a.user, &a.kernel, &a.labels, a.thread)
+            .cmp(&(b.pid, b.tid, &b.user, &b.kernel, &b.labels, b.thread))
     });
+    builder.reserve_samples(stacks.len());
 
     // Resolve every distinct user frame in address order first: frames of
     // one compilation unit then come together, and the DWARF resolver
@@ -160,6 +173,7 @@ pub fn build_profile_of<'a>(
     let distinct: HashSet<(u32, u64, u64)> = stacks
         .iter()
         .flat_map(|(key, _)| {
+            let key = key.borrow();
             profiler_unwind::frames(&key.user).map(move |f| (key.pid, f.lookup_pc, f.pc))
         })
         .collect();
@@ -178,6 +192,7 @@ pub fn build_profile_of<'a>(
     let mut texts = Texts::default();
     let own_keys = ["pid", "tid", "comm", "thread"].map(|k| texts.get(k));
     for (key, counts) in stacks {
+        let (key, counts) = (key.borrow(), counts.borrow());
         let process = processes.get(key.pid);
         let thread = key.thread_name();
         let comm = process
@@ -222,7 +237,7 @@ pub fn build_profile_of<'a>(
                 locations,
                 count: counts.samples,
                 off_cpu_ns: counts.blocked_ns,
-                labels,
+                labels: texts.list(&labels),
                 ..Sample::default()
             });
             continue;
@@ -233,7 +248,7 @@ pub fn build_profile_of<'a>(
                 locations,
                 count: counts.samples,
                 off_cpu_ns: 0,
-                labels: labels.clone(),
+                labels: texts.list(&labels),
                 ..Sample::default()
             });
         }
@@ -276,7 +291,7 @@ pub fn build_profile_of<'a>(
                 locations: locations.clone(),
                 count: 0,
                 off_cpu_ns: ns,
-                labels,
+                labels: texts.list(&labels),
                 ..Sample::default()
             });
         }

@@ -424,7 +424,7 @@ impl HeapProfileBuilder {
             locations,
             values: vec![alloc_objects, alloc_space, inuse_objects, inuse_space],
             numeric_labels: vec![("bytes".into(), record.size as i64, "bytes".into())],
-            labels: vec![("pid".into(), target.pid.to_string().into())],
+            labels: vec![("pid".into(), target.pid.to_string().into())].into(),
             ..Sample::default()
         });
     }
