@@ -57,7 +57,7 @@ impl Texts {
 }
 
 /// Symbolized addresses between two releases of the mapped pages read
-/// for them (`Symbolizer::release_mapped_pages`).
+/// for them (`Symbolizer::release_mapped_pages`), in `build_profile`.
 const RELEASE_PAGES_EVERY: usize = 16;
 
 /// Locations are per process and address (and whether the address is a
@@ -112,7 +112,14 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         frequency_hz: *frequency_hz,
         kind: *kind,
     };
-    build_profile_of(stacks, processes, symbolizer, runtime_frames, &window)
+    build(
+        stacks,
+        processes,
+        symbolizer,
+        runtime_frames,
+        &window,
+        Some(RELEASE_PAGES_EVERY),
+    )
 }
 
 /// When and how fast the stacks of a profile were sampled, and what the
@@ -146,6 +153,19 @@ pub fn build_profile_of<K: Borrow<StackKey>, C: Borrow<StackCounts>>(
     symbolizer: &mut Symbolizer,
     runtime_frames: &mut RuntimeFrames,
     window: &ProfileWindow,
+) -> Profile {
+    build(stacks, processes, symbolizer, runtime_frames, window, None)
+}
+
+/// `release_pages_every`: how many addresses to symbolize between two
+/// releases of the pages read for them (None: once, after the last).
+fn build<K: Borrow<StackKey>, C: Borrow<StackCounts>>(
+    stacks: impl IntoIterator<Item = (K, C)>,
+    processes: &ProcessTable,
+    symbolizer: &mut Symbolizer,
+    runtime_frames: &mut RuntimeFrames,
+    window: &ProfileWindow,
+    release_pages_every: Option<usize>,
 ) -> Profile {
     let start_unix_ns = window
         .started
@@ -187,13 +207,15 @@ pub fn build_profile_of<K: Borrow<StackKey>, C: Borrow<StackCounts>>(
     for (n, (pid, lookup_pc, pc)) in frames.into_iter().enumerate() {
         let symbolized = symbolizer.user(processes.get(pid), pc, lookup_pc);
         resolved.insert((pid, pc, lookup_pc), symbolized);
-        // The pages of debug sections read for the last few addresses go
-        // back as we go, not only at the end: the units a large binary's
-        // addresses fall in (a debug build's DWARF is tens of MB) counted
-        // in the agent's RSS until then, 21 MB at the bench's 6400
-        // samples/s. Re-reading a page is a minor fault from the page
-        // cache.
-        if n % RELEASE_PAGES_EVERY == RELEASE_PAGES_EVERY - 1 {
+        // `record`: the pages of debug sections read for the last few
+        // addresses go back as we go, not only at the end. The units a
+        // large binary's addresses fall in (a debug build's DWARF is tens
+        // of MB) counted in the agent's RSS until then, 21 MB at the
+        // bench's 6400 samples/s. Re-reading a page is a minor fault from
+        // the page cache. Not for `run`'s windows: each release advises
+        // every mapping the symbolizer holds, and a long-running agent on
+        // a node holds hundreds, every window.
+        if release_pages_every.is_some_and(|every| n % every == every - 1) {
             symbolizer.release_mapped_pages();
         }
     }
