@@ -20,10 +20,18 @@ pub struct Managed {
     /// Set once the child is reaped (by `exited`): its status, and the
     /// kernel's account of its whole life.
     reaped: Option<(ExitStatus, Usage)>,
+    /// The bench's own VmHWM when it started the child. Linux carries the
+    /// high-water mark of the memory a process replaces at exec into its
+    /// ru_maxrss, and a spawned child execs from the bench's memory (vfork
+    /// shares it): a ru_maxrss no higher than this may be the bench's.
+    spawner_peak_rss_bytes: u64,
 }
 
 impl Managed {
     pub fn spawn(command: &mut Command, name: &str) -> anyhow::Result<Self> {
+        // Read first: the spawn cannot lower it, only add to it.
+        let spawner_peak_rss_bytes =
+            status_kib(std::process::id(), "VmHWM:").unwrap_or(u64::MAX / 1024) * 1024;
         let child = command
             .spawn()
             .with_context(|| format!("starting {name}"))?;
@@ -32,6 +40,7 @@ impl Managed {
             name: name.to_string(),
             watch: None,
             reaped: None,
+            spawner_peak_rss_bytes,
         })
     }
 
@@ -153,7 +162,14 @@ impl Managed {
         match self.reaped {
             Some((_, whole_life)) => Usage {
                 cpu_seconds: polled.cpu_seconds.max(whole_life.cpu_seconds),
-                peak_rss_bytes: polled.peak_rss_bytes.max(whole_life.peak_rss_bytes),
+                // Above the bench's own peak, ru_maxrss is the child's;
+                // at or below it, it may be the bench's (see
+                // `spawner_peak_rss_bytes`), and the polls stand alone.
+                peak_rss_bytes: if whole_life.peak_rss_bytes > self.spawner_peak_rss_bytes {
+                    polled.peak_rss_bytes.max(whole_life.peak_rss_bytes)
+                } else {
+                    polled.peak_rss_bytes
+                },
             },
             None => polled,
         }

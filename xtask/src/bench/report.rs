@@ -154,7 +154,9 @@ pub fn markdown(env: &Env, plan: &Plan, r: &Results) -> String {
         md,
         "CPU: the profiler process's user+system CPU seconds per wall second while a workload \
          ran (from /proc/PID/stat). Whole run: its CPU seconds from start to exit (start-up, \
-         bcc's compile, writing the output). Peak RSS: VmHWM. BPF: run_time_ns / run_cnt of \
+         bcc's compile, writing the output). Peak RSS: VmHWM while it runs, and its ru_maxrss \
+         from wait4 as it exits (its last moments, writing the output, which a poll can miss). \
+         BPF: run_time_ns / run_cnt of \
          its perf_event programs (the kernel's counters, as `bpftool prog show` prints them), per \
          sample, idle samples included; \
          that time is charged to the interrupted task, not the profiler.\n"
