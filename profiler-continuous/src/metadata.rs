@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use super::kubernetes::{PodContainer, PodIndex};
 use profiler_profile::{LabelText, Labels, Profile};
@@ -112,26 +111,23 @@ impl MetadataCache {
         // all carry the same ones.
         let node: LabelText = node.into();
         let mut by_pid: HashMap<u32, Vec<(LabelText, LabelText)>> = HashMap::new();
-        // Samples that shared a label list share its longer form too
-        // (the list has the pid in it, so it has one longer form). Keyed
-        // by the list's address, and the list is kept with its longer
-        // form: it cannot be freed and its address reused for another.
-        let mut extended: HashMap<usize, (Labels, Labels)> = HashMap::new();
+        // Samples with the same labels share one longer list (the list
+        // has the pid in it, so it has one longer form).
+        let mut extended: HashMap<Labels, Labels> = HashMap::new();
         for sample in &mut profile.samples {
-            let Some(pid) = sample.label("pid").and_then(|p| p.parse::<u32>().ok()) else {
-                continue;
-            };
-            let address = Arc::as_ptr(&sample.labels) as *const () as usize;
-            if let Some((_, longer)) = extended.get(&address) {
+            if let Some(longer) = extended.get(&*sample.labels) {
                 sample.labels = longer.clone();
                 continue;
             }
+            let Some(pid) = sample.label("pid").and_then(|p| p.parse::<u32>().ok()) else {
+                continue;
+            };
             let labels = by_pid
                 .entry(pid)
                 .or_insert_with(|| self.labels_of(pid, &node));
             let original = sample.labels.clone();
             sample.add_labels(labels.iter().cloned());
-            extended.insert(address, (original, sample.labels.clone()));
+            extended.insert(original, sample.labels.clone());
         }
     }
 
@@ -256,6 +252,7 @@ fn is_kernel_thread(stat: &str) -> bool {
 mod tests {
     use super::*;
     use profiler_profile::Sample;
+    use std::sync::Arc;
 
     fn fake_proc() -> tempfile::TempDir {
         let root = tempfile::tempdir().unwrap();

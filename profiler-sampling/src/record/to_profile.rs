@@ -31,21 +31,11 @@ struct Texts {
 
 impl Texts {
     fn get(&mut self, text: &str) -> LabelText {
-        if let Some(shared) = self.strings.get(text) {
-            return shared.clone();
-        }
-        let shared = LabelText::from(text);
-        self.strings.insert(shared.clone());
-        shared
+        intern(&mut self.strings, text)
     }
 
     fn list(&mut self, labels: &[(LabelText, LabelText)]) -> Labels {
-        if let Some(shared) = self.lists.get(labels) {
-            return shared.clone();
-        }
-        let shared = Labels::from(labels);
-        self.lists.insert(shared.clone());
-        shared
+        intern(&mut self.lists, labels)
     }
 
     fn number(&mut self, n: u32) -> LabelText {
@@ -54,6 +44,22 @@ impl Texts {
             .or_insert_with(|| n.to_string().into())
             .clone()
     }
+}
+
+/// The one shared copy of `value` in `set`, made on first use.
+fn intern<T: ?Sized + Eq + std::hash::Hash>(
+    set: &mut HashSet<std::sync::Arc<T>>,
+    value: &T,
+) -> std::sync::Arc<T>
+where
+    std::sync::Arc<T>: for<'a> From<&'a T>,
+{
+    if let Some(shared) = set.get(value) {
+        return shared.clone();
+    }
+    let shared = std::sync::Arc::from(value);
+    set.insert(shared.clone());
+    shared
 }
 
 /// Symbolized addresses between two releases of the mapped pages read
