@@ -19,9 +19,9 @@ pub(crate) const STACK_WINDOW_WORDS: usize = 256;
 /// the same address would not (see `stack_words`).
 const STACK_READ_PAGES_OF: u64 = 512;
 
-/// The smallest page size of both targets: a mapping ends on a multiple
-/// of it.
-const PAGE_BYTES: u64 = 4096;
+/// The smallest page size of both targets: a mapping starts and ends on a
+/// multiple of it.
+pub(crate) const PAGE_BYTES: u64 = 4096;
 
 /// Words of a CPython thread's data stack a walk copies at once (see
 /// `runtimes::python`).

@@ -21,7 +21,7 @@ use profiler_common::runtimes::python::{
 };
 use profiler_common::{Counter, Sample};
 
-use crate::walk::{PY_WINDOW_WORDS, WalkState, Window, read_user, write_runtime_frame};
+use crate::walk::{PAGE_BYTES, PY_WINDOW_WORDS, WalkState, Window, read_user, write_runtime_frame};
 use crate::{bump, machine, words};
 
 /// CPython processes and where they keep what the walker reads, written by
@@ -195,7 +195,8 @@ fn read_frame(state: &mut WalkState, frame: u64) -> Option<usize> {
         let end = frame.wrapping_add(WINDOW as u64);
         let from = end
             .saturating_sub(Window::<PY_WINDOW_WORDS>::BYTES)
-            .max(frame & !(PAGE - 1));
+            // Never below the frame's own page.
+            .max(frame & !(PAGE_BYTES - 1));
         // A base of 0 means an empty window: not for a frame in page 0.
         if from != 0 && window.read(from) {
             return window.held(frame, FRAME_WORDS);
@@ -206,9 +207,6 @@ fn read_frame(state: &mut WalkState, frame: u64) -> Option<usize> {
     }
     None
 }
-
-/// The smallest page (the window never starts below the frame's).
-const PAGE: u64 = 4096;
 
 /// The u64 at byte `offset` of the frame at word `at` of the window (0 past
 /// the frame's `WINDOW` bytes).
