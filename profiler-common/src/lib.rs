@@ -21,8 +21,8 @@ pub const MAX_STACK_DEPTH: usize = 127;
 /// reads, so the bound is also a cost bound.
 pub const MAX_USER_FRAMES: usize = 1024;
 
-/// Size of the sample ring buffer. Records are variable-length (a 72-byte
-/// header and 8 bytes a frame: 30 user and 10 kernel frames take 392
+/// Size of the sample ring buffer. Records are variable-length (an 80-byte
+/// header and 8 bytes a frame: 30 user and 10 kernel frames take 400
 /// bytes): 4 MiB holds over 10,000 of them, 1.6 s of 64 busy CPUs at
 /// 100 Hz, for a reader thread that empties it every 100 ms at the latest
 /// and is woken when it is a quarter full. The kernel maps the data pages
@@ -77,9 +77,14 @@ pub struct Sample {
     /// Off-CPU: the task state at the switch-out (`offcpu::TASK_*`; 0 when
     /// it was preempted, runnable).
     pub task_state: u32,
-    /// Off-CPU: intervals merged into this record (a system call that
-    /// blocked more than once before returning).
+    /// Off-CPU: intervals in this record (1).
     pub intervals: u32,
+    /// Off-CPU: the user stack this interval's thread left its CPU with,
+    /// sent before in a `SAMPLE_KIND_OFF_CPU_STACK` record of the same
+    /// thread with this id (0: none; the record's own frames are all it
+    /// has). See `offcpu`.
+    pub stack_id: u32,
+    pub _reserved: u32,
     pub frames: [u64; MAX_SAMPLE_FRAMES],
     /// Room for a `runtimes::go::GoLabels` block after the last frame (the
     /// block goes right after `frames[kernel_frames + user_frames - 1]`,
@@ -148,6 +153,10 @@ impl Sample {
 pub const SAMPLE_KIND_CPU: u8 = 0;
 /// `Sample::kind` of an off-CPU interval.
 pub const SAMPLE_KIND_OFF_CPU: u8 = 1;
+/// `Sample::kind` of the user stack (and Go labels) a thread left its CPU
+/// with, named by `stack_id`: not a sample, but the user half of that
+/// thread's next off-CPU intervals (see `offcpu`).
+pub const SAMPLE_KIND_OFF_CPU_STACK: u8 = 2;
 
 /// The sample interrupted kernel code (the kernel stack is non-empty).
 pub const SAMPLE_FLAG_IN_KERNEL: u16 = 1 << 0;
@@ -254,11 +263,10 @@ counters! {
     /// Off-CPU: intervals shorter than the sampling period left out by
     /// the weighted draw (the recorded ones stand for them).
     OffCpuUnsampled = 13, "off_cpu_unsampled", "profiler_agent_kernel_off_cpu_unsampled_total";
-    /// Off-CPU: records written to the ring buffer.
+    /// Off-CPU: interval records written to the ring buffer.
     OffCpuSent = 14, "off_cpu_sent", "profiler_agent_kernel_off_cpu_sent_total";
-    /// Off-CPU: intervals lost because their stack could not be kept
-    /// until the thread ran again (the pending map was full), or because
-    /// the thread was switched out twice with no switch-in seen between.
+    /// Off-CPU: intervals lost because the thread was switched out twice
+    /// with no switch-in seen between.
     OffCpuLost = 15, "off_cpu_lost", "profiler_agent_kernel_off_cpu_lost_total";
     /// Off-CPU: records lost to a full ring buffer.
     OffCpuRingBufferFull = 16, "off_cpu_ring_buffer_full", "profiler_agent_kernel_off_cpu_dropped_total";
@@ -283,6 +291,9 @@ counters! {
     /// Samples whose Java frames were cut: a frame that could not be read
     /// or followed (a freed blob, a frame without a caller).
     JavaCut = 23, "java_cut", "profiler_agent_kernel_java_cut_total";
+    /// Off-CPU: user stacks written to the ring buffer (a thread's stack
+    /// at a switch-out, when it differs from the last one sent for it).
+    OffCpuStacksSent = 24, "off_cpu_stacks_sent", "profiler_agent_kernel_off_cpu_stacks_sent_total";
 }
 
 /// Number of `Counter` slots.

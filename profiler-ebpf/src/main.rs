@@ -10,10 +10,6 @@
 //! closes, so each sample lands in exactly one window.
 #![no_std]
 #![no_main]
-// Atomic add on a map value (offcpu::count_pending): the BPF target's core
-// has no atomic read-modify-write types.
-#![allow(internal_features)]
-#![feature(core_intrinsics)]
 
 mod machine;
 mod offcpu;

@@ -1,35 +1,36 @@
 //! Off-CPU profiling on the scheduler's tracepoints: how long each traced
 //! thread was off its CPU, split into blocked and run-queue time, with its
 //! stacks. The design (which tracepoint does what, and why the user stack
-//! is walked at the system call's return) is in `profiler_common::offcpu`.
+//! is walked at every switch-out but sent only when it changed) is in
+//! `profiler_common::offcpu`.
 //!
-//! A Go thread's record also gets its goroutine's pprof labels (as CPU
-//! samples do), read where its user stack is walked: at the switch-out of
-//! a thread preempted in user mode, and at a system call's return. A
-//! goroutine blocked in a system call (file I/O, cgo, a blocking read)
-//! stays its thread's `curg`, so that time carries its labels; one parked
-//! by the Go scheduler (channels, timers, the netpoller) has left its
-//! thread, whose wait in the scheduler is unlabelled.
+//! A Go thread's user stack also carries its goroutine's pprof labels (as
+//! CPU samples do), read with it at the switch-out. A goroutine blocked in
+//! a system call (file I/O, cgo, a blocking read) stays its thread's
+//! `curg`, so that time carries its labels; one parked by the Go scheduler
+//! (channels, timers, the netpoller) has left its thread, whose wait in
+//! the scheduler is unlabelled.
+
+use core::ffi::c_void;
 
 use aya_ebpf::{
-    EbpfContext,
     bindings::task_struct,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_stack,
-        bpf_get_task_stack, bpf_ktime_get_ns,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_task_stack,
+        bpf_ktime_get_ns, bpf_loop,
     },
     macros::{btf_tracepoint, map},
-    maps::{Array, LruHashMap, PerCpuArray},
+    maps::{LruHashMap, PerCpuArray},
     programs::BtfTracePointContext,
 };
 use profiler_common::offcpu::{
-    MAX_OFF_CPU_THREADS, MIN_OFF_CPU_PENDING, OffCpuThread, PF_KTHREAD, TASK_RUNNING,
-    THREAD_IN_SYSCALL, THREAD_KERNEL, THREAD_STACK_PENDING,
+    MAX_OFF_CPU_THREADS, OFF_CPU_STACK_RESEND_NS, OffCpuThread, PF_KTHREAD, TASK_RUNNING,
+    THREAD_KERNEL,
 };
 use profiler_common::{
-    Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_IN_KERNEL,
-    SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_OFF_CPU, Sample,
-    UserRegs,
+    Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, MAX_USER_FRAMES, SAMPLE_FLAG_GO_LABELS,
+    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING,
+    SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK, Sample, UserRegs,
     runtimes::go::{GoLabels, MAX_GO_LABELS},
 };
 
@@ -49,60 +50,20 @@ static TASK_PID_OFFSET: u32 = 0;
 #[unsafe(no_mangle)]
 static TASK_FLAGS_OFFSET: u32 = 0;
 
-/// A pending record this old at a system call's return is not that call's.
-const STALE_NS: u64 = 10_000_000_000;
-
-/// Traced threads that are off their CPU, by thread id.
+/// Traced threads that are off their CPU, or were: by thread id.
 #[map]
 static OFF_CPU_THREADS: LruHashMap<u32, OffCpuThread> =
     LruHashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
 
-/// Records waiting for their thread: stacks walked at the switch-out
-/// (until the switch-in gives the interval), or an interval with its
-/// kernel stack (until the system call returns and the user stack is
-/// walked). Sized by the loader from the number of CPUs.
-///
-/// Per-CPU LRU lists (`BPF_F_NO_COMMON_LRU`): with the common list, a CPU
-/// whose local free list runs dry refills it 128 nodes at a time and,
-/// when fewer are free globally, evicts the oldest entries — live records,
-/// in a map of a few hundred entries that is far from full. Per CPU, an
-/// entry is only evicted by that CPU's own inserts once its share is in
-/// use (by threads that died inside a system call and never came back for
-/// their record).
+/// Where a record is assembled: slot 0 the user stack walked at a
+/// switch-out, slot 1 an interval at a switch-in. (The perf-event program
+/// has its own: it never interrupts the scheduler's tracepoints, which run
+/// with interrupts off.)
 #[map]
-static OFF_CPU_PENDING: LruHashMap<u32, Sample> =
-    LruHashMap::with_max_entries(MIN_OFF_CPU_PENDING, BPF_F_NO_COMMON_LRU);
+static OFF_CPU_SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(2, 0);
 
-/// `BPF_F_NO_COMMON_LRU` of the kernel's UAPI.
-const BPF_F_NO_COMMON_LRU: u32 = 1 << 1;
-
-/// Records in `OFF_CPU_PENDING` waiting for a system call's return: while
-/// there are none (most of the time, with sampling), `sys_exit` costs one
-/// array read instead of a hash lookup. A record evicted from the LRU map
-/// keeps the count above zero: the lookups then happen, nothing is lost.
-#[map]
-static PENDING_SYSCALLS: Array<u64> = Array::with_max_entries(1, 0);
-
-#[inline(always)]
-fn count_pending(delta: i64) {
-    if let Some(count) = PENDING_SYSCALLS.get_ptr_mut(0) {
-        // SAFETY: an 8-byte aligned map value. The BPF target has no
-        // compare-and-swap, so core's atomic types lack fetch_add; the
-        // intrinsic, its result unused, is BPF's atomic add (XADD).
-        unsafe {
-            core::intrinsics::atomic_xadd::<u64, u64, { core::intrinsics::AtomicOrdering::Relaxed }>(
-                count,
-                delta as u64,
-            );
-        }
-    }
-}
-
-/// Where a pending record is assembled (the perf-event program has its
-/// own: it can interrupt `sys_exit`, never the scheduler's tracepoints,
-/// which run with interrupts off).
-#[map]
-static OFF_CPU_SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
+const SCRATCH_STACK: u32 = 0;
+const SCRATCH_INTERVAL: u32 = 1;
 
 #[inline(always)]
 fn global<T: Copy>(value: &T) -> T {
@@ -131,7 +92,7 @@ pub fn off_cpu_switch(ctx: BtfTracePointContext) -> u32 {
     let prev_state: u64 = ctx.arg(3);
     // SAFETY: a monotonic clock read.
     let now = unsafe { bpf_ktime_get_ns() };
-    switched_out(&ctx, prev, preempt as u8 != 0, prev_state as u32, now);
+    switched_out(prev, preempt as u8 != 0, prev_state as u32, now);
     switched_in(next, now);
     0
 }
@@ -152,71 +113,9 @@ pub fn off_cpu_wakeup(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
-/// `sys_exit(regs, ret)`, run as the thread returning from a system call:
-/// if it blocked in it and the interval was kept, its user stack now is
-/// the one it blocked with.
-#[btf_tracepoint(function = "sys_exit")]
-pub fn off_cpu_syscall_exit(_ctx: BtfTracePointContext) -> u32 {
-    // SAFETY: a plain read; a stale value only costs or saves one lookup.
-    let waiting = PENDING_SYSCALLS
-        .get_ptr(0)
-        .map_or(0, |count| unsafe { core::ptr::read_volatile(count) });
-    if waiting == 0 {
-        return 0;
-    }
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let tid = pid_tgid as u32;
-    let Some(record) = OFF_CPU_PENDING.get_ptr_mut(&tid) else {
-        return 0;
-    };
-    let pid = (pid_tgid >> 32) as u32;
-    // SAFETY: the map value is ours until removed below (the thread is
-    // running here, so no other program touches its entry).
-    unsafe {
-        if (*record).intervals == 0 || (*record).tid != tid {
-            return 0;
-        }
-        // A record older than any system call's return after its wakeup
-        // was left by a thread that exited in the call (its id now reused).
-        if bpf_ktime_get_ns().saturating_sub((*record).time_ns) > STALE_NS {
-            let _ = OFF_CPU_PENDING.remove(&tid);
-            count_pending(-1);
-            return 0;
-        }
-        let kernel_frames = ((*record).kernel_frames as u32).min(MAX_STACK_DEPTH as u32);
-        let saved = machine::saved_user();
-        let walk = unwind::walk_user_stack(
-            unwind::WALK_SYSCALL,
-            pid,
-            &saved.regs,
-            saved.in_system_call,
-            record,
-            kernel_frames,
-        );
-        (*record).pid = pid;
-        (*record).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
-        (*record).user_frames = walk.frames as u16;
-        (*record).user_end = walk.end as u8;
-        if walk.unknown_leaf {
-            (*record).flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
-        }
-        append_go_labels(record, pid, &saved.regs, kernel_frames + walk.frames);
-        emit(record, kernel_frames + walk.frames, walk.unknown_leaf);
-        let _ = OFF_CPU_PENDING.remove(&tid);
-        count_pending(-1);
-    }
-    0
-}
-
 /// The current thread (`prev`) leaves its CPU.
 #[inline(always)]
-fn switched_out(
-    ctx: &BtfTracePointContext,
-    prev: *const u8,
-    preempt: bool,
-    prev_state: u32,
-    now: u64,
-) {
+fn switched_out(prev: *const u8, preempt: bool, prev_state: u32, now: u64) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -226,124 +125,180 @@ fn switched_out(
     bump(Counter::OffCpuSwitches);
     let task_flags: u32 = task_field(prev, global(&TASK_FLAGS_OFFSET));
     let state = if preempt { TASK_RUNNING } else { prev_state };
-    let mut comm = [0u8; 16];
-    let flags = if task_flags & PF_KTHREAD != 0 {
-        // Its record is made at the switch-in, by another task: keep the
-        // name now.
-        comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
-        THREAD_KERNEL
-    } else {
-        let saved = machine::saved_user();
-        if saved.in_system_call {
-            THREAD_IN_SYSCALL
-        } else if walk_now(ctx, &saved.regs, pid, tid, state) {
-            // Preempted in user mode, or blocked in a page fault: the user
-            // stack is readable only now.
-            THREAD_STACK_PENDING
-        } else {
-            0
-        }
-    };
+    let comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
+    let kernel_thread = task_flags & PF_KTHREAD != 0;
     // Most switches are of threads seen before: update their entry in
     // place (an LRU insert allocates and links a node, several times the
     // cost of a lookup).
-    if let Some(entry) = OFF_CPU_THREADS.get_ptr_mut(&tid) {
-        // SAFETY: the entry of the current thread, which only its own
-        // switches and its wakeup touch.
-        unsafe {
-            if (*entry).out_ns != 0 {
-                // Switched out twice with no switch-in seen between (it
-                // happens, rarely, on 6.18): that interval's end is
-                // unknown, so it is lost, and the stacks walked for it
-                // must not be taken for this one's.
-                bump(Counter::OffCpuLost);
-                if (*entry).flags & THREAD_STACK_PENDING != 0 && flags & THREAD_STACK_PENDING == 0 {
-                    let _ = OFF_CPU_PENDING.remove(&tid);
-                }
+    let entry = match OFF_CPU_THREADS.get_ptr_mut(&tid) {
+        Some(entry) => entry,
+        None => {
+            let thread = OffCpuThread {
+                out_ns: 0,
+                wake_ns: 0,
+                state,
+                flags: 0,
+                pid,
+                stack_id: 0,
+                comm,
+                stack_hash: 0,
+                stack_sent_ns: 0,
+            };
+            let _ = OFF_CPU_THREADS.insert(&tid, &thread, 0);
+            match OFF_CPU_THREADS.get_ptr_mut(&tid) {
+                Some(entry) => entry,
+                None => return,
             }
-            (*entry).out_ns = now;
-            (*entry).wake_ns = 0;
-            (*entry).state = state;
-            (*entry).flags = flags;
-            (*entry).pid = pid;
-            (*entry).comm = comm;
         }
-    } else {
-        let thread = OffCpuThread {
-            out_ns: now,
-            wake_ns: 0,
-            state,
-            flags,
-            pid,
-            _pad: 0,
-            comm,
-        };
-        let _ = OFF_CPU_THREADS.insert(&tid, &thread, 0);
+    };
+    // SAFETY: the entry of the current thread, which only its own switches
+    // and its wakeup (which only moves `wake_ns`) touch.
+    unsafe {
+        if (*entry).out_ns != 0 {
+            // Switched out twice with no switch-in seen between (it
+            // happens, rarely, on 6.18): that interval's end is unknown,
+            // so it is lost.
+            bump(Counter::OffCpuLost);
+        }
+        (*entry).out_ns = now;
+        (*entry).wake_ns = 0;
+        (*entry).state = state;
+        (*entry).pid = pid;
+        (*entry).comm = comm;
+        if kernel_thread {
+            (*entry).flags = THREAD_KERNEL;
+            (*entry).stack_id = 0;
+        } else {
+            (*entry).flags = 0;
+            (*entry).stack_id = user_stack(entry, pid, tid, state, now);
+        }
     }
 }
 
-/// Walks both stacks of the current thread into the pending map. False
-/// when there is no room (the interval is then lost, and counted).
+/// Walks the current thread's user stack (and reads its Go labels), and
+/// sends it when it differs from the last one sent for the thread (or that
+/// send is old). Returns the id its intervals name it by, 0 when there is
+/// none (the walk or the send failed).
+///
+/// # Safety
+/// `thread` must point to the current thread's `OFF_CPU_THREADS` entry.
 #[inline(always)]
-fn walk_now(
-    ctx: &BtfTracePointContext,
-    regs: &profiler_common::UserRegs,
-    pid: u32,
-    tid: u32,
-    state: u32,
-) -> bool {
-    let Some(record) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
-        return false;
+unsafe fn user_stack(thread: *mut OffCpuThread, pid: u32, tid: u32, state: u32, now: u64) -> u32 {
+    let Some(record) = OFF_CPU_SCRATCH.get_ptr_mut(SCRATCH_STACK) else {
+        return 0;
     };
-    // SAFETY: this CPU's scratch record, ours for the program's run; a
-    // pending record of the current thread, which no other program touches
-    // while it runs.
+    let saved = machine::saved_user();
+    // SAFETY: this CPU's scratch record, ours for the program's run; the
+    // caller's promise for `thread`.
     unsafe {
-        if let Some(old) = OFF_CPU_PENDING.get_ptr(&tid)
-            && awaits_syscall_exit(old)
-        {
-            // Its system call returned without sys_exit taking it (the
-            // thread was preempted on the way out, after sys_exit ran):
-            // send its time with the kernel stack it has rather than
-            // overwrite it.
-            emit(old, (*old).kernel_frames as u32, false);
-            count_pending(-1);
-        }
-        let mut flags = 0u16;
-        let kernel = bpf_get_stack(
-            ctx.as_ptr(),
-            (*record).frames.as_mut_ptr().cast(),
-            KERNEL_STACK_BYTES,
+        init_header(record, pid, tid, state);
+        (*record).kind = SAMPLE_KIND_OFF_CPU_STACK;
+        let walk = unwind::walk_user_stack(
+            unwind::WALK_SCHEDULER,
+            pid,
+            &saved.regs,
+            saved.in_system_call,
+            record,
             0,
         );
-        let kernel_frames = if kernel < 0 {
-            flags |= SAMPLE_FLAG_KERNEL_STACK_FAILED;
-            0
-        } else {
-            ((kernel as u32) / 8).min(MAX_STACK_DEPTH as u32)
-        };
-        if kernel_frames > 0 {
-            flags |= SAMPLE_FLAG_IN_KERNEL;
+        if walk.frames == 0 {
+            return 0;
         }
-        let walk =
-            // Never inside a system call here (those walk at its return).
-            unwind::walk_user_stack(unwind::WALK_SCHEDULER, pid, regs, false, record, kernel_frames);
-        if walk.unknown_leaf {
-            flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
-        }
-        init_header(record, pid, tid, state);
-        (*record).comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
-        (*record).kernel_frames = kernel_frames as u16;
         (*record).user_frames = walk.frames as u16;
         (*record).user_end = walk.end as u8;
-        (*record).flags = flags;
-        append_go_labels(record, pid, regs, kernel_frames + walk.frames);
-        if OFF_CPU_PENDING.insert(&tid, &*record, 0).is_err() {
-            bump(Counter::OffCpuLost);
-            return false;
+        if walk.unknown_leaf {
+            (*record).flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
         }
+        append_go_labels(record, pid, &saved.regs, walk.frames);
+        let hash = stack_hash(record, walk.frames);
+        // Ids are the hash's low half, never 0.
+        let id = (hash as u32) | 1;
+        if hash == (*thread).stack_hash
+            && now.saturating_sub((*thread).stack_sent_ns) < OFF_CPU_STACK_RESEND_NS
+        {
+            return id;
+        }
+        (*record).stack_id = id;
+        (*record).time_ns = now;
+        if !emit(record, walk.frames) {
+            (*thread).stack_hash = 0;
+            return 0;
+        }
+        bump(Counter::OffCpuStacksSent);
+        (*thread).stack_hash = hash;
+        (*thread).stack_sent_ns = now;
+        id
     }
-    true
+}
+
+/// A hash of what a stack record says: how the walk ended, its flags, and
+/// its words from the first frame to the end of its Go labels block (the
+/// goroutine and its labels), which follows the frames. One `bpf_loop`
+/// over them keeps the verifier's work to one step.
+///
+/// # Safety
+/// `record` must point to this CPU's scratch stack record holding
+/// `frames` frames.
+#[inline(always)]
+unsafe fn stack_hash(record: *mut Sample, frames: u32) -> u64 {
+    let frames = (frames as usize).min(MAX_USER_FRAMES);
+    // SAFETY: the caller's promise; the labels block lies within the
+    // sample's `tail` after any number of frames.
+    unsafe {
+        let mut words = frames;
+        if (*record).flags & SAMPLE_FLAG_GO_LABELS != 0 {
+            let labels = record
+                .cast::<u8>()
+                .add(Sample::record_len(frames))
+                .cast::<GoLabels>();
+            words += GoLabels::block_len(((*labels).count as usize).min(MAX_GO_LABELS)) / 8;
+        }
+        let mut context = HashContext {
+            words: (*record).frames.as_ptr(),
+            count: words as u64,
+            hash: mix(
+                HASH_SEED,
+                u64::from((*record).user_end) | (u64::from((*record).flags) << 8),
+            ),
+        };
+        bpf_loop(
+            words as u32,
+            hash_step as *mut c_void,
+            (&mut context as *mut HashContext).cast(),
+            0,
+        );
+        context.hash
+    }
+}
+
+const HASH_SEED: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// Words of a sample from its first frame to the end of its `tail`.
+const SAMPLE_WORDS: u64 = ((core::mem::size_of::<Sample>() - Sample::HEADER_LEN) / 8) as u64;
+
+#[inline(always)]
+fn mix(hash: u64, word: u64) -> u64 {
+    (hash ^ word).wrapping_mul(HASH_SEED).rotate_left(29)
+}
+
+#[repr(C)]
+struct HashContext {
+    words: *const u64,
+    count: u64,
+    hash: u64,
+}
+
+extern "C" fn hash_step(index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: `context` is the HashContext on stack_hash's stack; `words`
+    // points into this CPU's scratch record, `SAMPLE_WORDS` long.
+    unsafe {
+        let context = &mut *(context as *mut HashContext);
+        if index >= context.count || index >= SAMPLE_WORDS {
+            return 1;
+        }
+        context.hash = mix(context.hash, *context.words.add(index as usize));
+    }
+    0
 }
 
 /// Thread `next` is about to run again: the interval is over.
@@ -366,7 +321,6 @@ fn switched_in(next: *mut task_struct, now: u64) {
     if thread.out_ns == 0 || now <= thread.out_ns {
         return;
     }
-    let pending = thread.flags & THREAD_STACK_PENDING != 0;
     let off = now - thread.out_ns;
     let runq = if thread.state == TASK_RUNNING {
         off
@@ -377,48 +331,9 @@ fn switched_in(next: *mut task_struct, now: u64) {
     };
     let weight = weigh(off);
     if weight == 0 {
-        if pending {
-            let _ = OFF_CPU_PENDING.remove(&tid);
-        }
         return;
     }
-
-    if pending {
-        // The stacks were walked at the switch-out: complete and send.
-        let Some(record) = OFF_CPU_PENDING.get_ptr_mut(&tid) else {
-            bump(Counter::OffCpuLost);
-            return;
-        };
-        // SAFETY: the pending map value of a thread that is not running.
-        unsafe {
-            add_interval(record, now, off, runq, weight);
-            let frames = (*record).kernel_frames as u32 + (*record).user_frames as u32;
-            emit(record, frames, false);
-        }
-        let _ = OFF_CPU_PENDING.remove(&tid);
-        return;
-    }
-
-    if thread.flags & THREAD_IN_SYSCALL != 0
-        && let Some(record) = OFF_CPU_PENDING.get_ptr_mut(&tid)
-    {
-        // SAFETY: as above.
-        unsafe {
-            if awaits_syscall_exit(record) {
-                // Blocked again in the same system call: one record for
-                // the call.
-                add_interval(record, now, off, runq, weight);
-                return;
-            }
-            // Stacks walked for a switch whose end went unseen: not this
-            // interval's. (Merged into, it would never be counted as
-            // waiting for sys_exit, and each later interval of the thread
-            // would pile onto it until the next walk overwrote them all.)
-            let _ = OFF_CPU_PENDING.remove(&tid);
-        }
-    }
-
-    let Some(record) = OFF_CPU_SCRATCH.get_ptr_mut(0) else {
+    let Some(record) = OFF_CPU_SCRATCH.get_ptr_mut(SCRATCH_INTERVAL) else {
         return;
     };
     // SAFETY: this CPU's scratch record; `next` is the tracepoint's own
@@ -426,6 +341,7 @@ fn switched_in(next: *mut task_struct, now: u64) {
     unsafe {
         init_header(record, thread.pid, tid, thread.state);
         (*record).comm = thread.comm;
+        (*record).stack_id = thread.stack_id;
         let kernel = bpf_get_task_stack(
             next,
             (*record).frames.as_mut_ptr().cast(),
@@ -440,30 +356,15 @@ fn switched_in(next: *mut task_struct, now: u64) {
             ((kernel as u32) / 8).min(MAX_STACK_DEPTH as u32)
         };
         (*record).kernel_frames = kernel_frames as u16;
-        add_interval(record, now, off, runq, weight);
-        if thread.flags & THREAD_IN_SYSCALL != 0 {
-            // The user stack is walked when the call returns (sys_exit).
-            if OFF_CPU_PENDING.insert(&tid, &*record, 0).is_err() {
-                bump(Counter::OffCpuLost);
-            } else {
-                count_pending(1);
-            }
-        } else {
-            // A kernel thread: no user stack.
-            emit(record, kernel_frames, false);
+        (*record).time_ns = now;
+        (*record).off_cpu_ns = off;
+        (*record).runq_ns = runq;
+        (*record).weight_ns = weight;
+        (*record).intervals = 1;
+        if emit(record, kernel_frames) {
+            bump(Counter::OffCpuSent);
         }
     }
-}
-
-/// A pending record of intervals that waits for its system call's return
-/// (its user stack not walked yet), not stacks walked at a switch-out.
-///
-/// # Safety
-/// `record` must point to a readable `Sample`.
-#[inline(always)]
-unsafe fn awaits_syscall_exit(record: *const Sample) -> bool {
-    // SAFETY: the caller's promise.
-    unsafe { (*record).intervals > 0 && (*record).user_frames == 0 }
 }
 
 /// The off-CPU time an interval of `off` nanoseconds stands for, or 0 when
@@ -510,22 +411,8 @@ unsafe fn init_header(record: *mut Sample, pid: u32, tid: u32, state: u32) {
         (*record).weight_ns = 0;
         (*record).task_state = state;
         (*record).intervals = 0;
-    }
-}
-
-/// Adds one interval ending at `now` to a record.
-///
-/// # Safety
-/// `record` must point to a writable `Sample`.
-#[inline(always)]
-unsafe fn add_interval(record: *mut Sample, now: u64, off: u64, runq: u64, weight: u64) {
-    // SAFETY: the caller's promise.
-    unsafe {
-        (*record).time_ns = now;
-        (*record).off_cpu_ns += off;
-        (*record).runq_ns += runq;
-        (*record).weight_ns += weight;
-        (*record).intervals += 1;
+        (*record).stack_id = 0;
+        (*record)._reserved = 0;
     }
 }
 
@@ -534,9 +421,7 @@ unsafe fn add_interval(record: *mut Sample, now: u64, off: u64, runq: u64, weigh
 /// frames, and flags the record.
 ///
 /// # Safety
-/// `record` must point to a writable `Sample` that only this program
-/// context writes (the scheduler's scratch record, or the thread's own
-/// pending record at its system call's return).
+/// `record` must point to this CPU's scratch stack record.
 #[inline(always)]
 unsafe fn append_go_labels(record: *mut Sample, pid: u32, regs: &UserRegs, frames: u32) {
     if !runtimes::go::labels::enabled() {
@@ -559,12 +444,13 @@ unsafe fn append_go_labels(record: *mut Sample, pid: u32, regs: &UserRegs, frame
 }
 
 /// Sends the first `frames` frames of a record, and its Go labels when it
-/// has them (right after those frames).
+/// has them (right after those frames). False when the ring buffer is
+/// full.
 ///
 /// # Safety
 /// `record` must point to a readable `Sample`.
 #[inline(always)]
-unsafe fn emit(record: *const Sample, frames: u32, wake_now: bool) {
+unsafe fn emit(record: *const Sample, frames: u32) -> bool {
     let frames = (frames as usize).min(MAX_SAMPLE_FRAMES);
     let mut len = Sample::record_len(frames);
     // SAFETY: the caller's promise; the labels block lies within the
@@ -577,9 +463,10 @@ unsafe fn emit(record: *const Sample, frames: u32, wake_now: bool) {
     }
     // SAFETY: the caller's promise; len <= size_of Sample.
     let bytes = unsafe { core::slice::from_raw_parts(record.cast::<u8>(), len) };
-    if send(bytes, wake_now) {
-        bump(Counter::OffCpuSent);
+    if send(bytes, false) {
+        true
     } else {
         bump(Counter::OffCpuRingBufferFull);
+        false
     }
 }

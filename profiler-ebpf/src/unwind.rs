@@ -62,18 +62,14 @@ static UNWIND_PROCESSES: HashMap<u32, ProcessUnwind> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
 
 /// One walk state per context that can walk on a CPU at once: the
-/// perf-event program (`WALK_SAMPLING`) can interrupt any walk; the
-/// `sys_exit` program (`WALK_SYSCALL`) runs preemptible, so the scheduler's
-/// switch (`WALK_SCHEDULER`, preemption off) can run on its CPU in the
-/// middle of its walk (seen: a thread preempted inside it). A second
-/// `sys_exit` cannot start on that CPU meanwhile: the kernel skips a
-/// program's recursion on one CPU.
+/// perf-event program (`WALK_SAMPLING`) and the scheduler's switch
+/// (`WALK_SCHEDULER`). They do not interrupt each other (the switch runs
+/// with interrupts off), but one state each keeps that from mattering.
 #[map]
-static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(3, 0);
+static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(2, 0);
 
 pub const WALK_SAMPLING: u32 = 0;
 pub const WALK_SCHEDULER: u32 = 1;
-pub const WALK_SYSCALL: u32 = 2;
 
 /// What each loop step needs, passed through `bpf_loop`'s context pointer.
 #[repr(C)]

@@ -254,6 +254,7 @@ const EXPLAINED: &[Counter] = &[
     Counter::OffCpuLost,
     Counter::OffCpuRingBufferFull,
     Counter::OffCpuSent,
+    Counter::OffCpuStacksSent,
     Counter::GoLabelsRead,
     Counter::GoLabelsCut,
     Counter::PythonFrames,
@@ -322,8 +323,8 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
         eprintln!(
             "  off-CPU: {} switches traced; {} intervals recorded ({:.3}s blocked, {:.3}s waiting \
              for a CPU), {} shorter than --off-cpu-min, {} left out by sampling (the recorded \
-             ones stand for them), {} lost (no room to keep the stack, or the end not seen), {} lost (ring buffer \
-             full)",
+             ones stand for them), {} lost (the end not seen), {} lost (ring buffer full); {} user \
+             stacks sent, {} intervals without theirs (lost on the way: kernel stack only)",
             c[Counter::OffCpuSwitches],
             o.intervals,
             o.blocked_ns as f64 / 1e9,
@@ -332,6 +333,8 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
             c[Counter::OffCpuUnsampled],
             c[Counter::OffCpuLost],
             c[Counter::OffCpuRingBufferFull],
+            c[Counter::OffCpuStacksSent],
+            o.stacks_missing,
         );
     }
     eprintln!(

@@ -170,13 +170,16 @@ pub fn off_cpu_counts(sample: &Sample) -> StackCounts {
 /// Off-CPU totals of a run, for its report.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct OffCpuTotals {
-    /// Records received (each one or more intervals of a thread).
+    /// Records received (each one interval of a thread).
     pub records: u64,
     /// Intervals they hold.
     pub intervals: u64,
     /// Nanoseconds they stand for (weighted), blocked and in the run queue.
     pub blocked_ns: u64,
     pub runq_ns: u64,
+    /// Intervals whose user stack was lost on the way (kept with their
+    /// kernel stack alone).
+    pub stacks_missing: u64,
 }
 
 impl std::ops::Add for OffCpuTotals {
@@ -187,6 +190,7 @@ impl std::ops::Add for OffCpuTotals {
             intervals: self.intervals + b.intervals,
             blocked_ns: self.blocked_ns + b.blocked_ns,
             runq_ns: self.runq_ns + b.runq_ns,
+            stacks_missing: self.stacks_missing + b.stacks_missing,
         }
     }
 }
@@ -408,6 +412,7 @@ impl Recorder {
             }
             aggregate(recording, tables, runtimes, sample)
         });
+        self.recording.off_cpu.stacks_missing = self.sampler.off_cpu_stacks_missing();
         // Debug files of new processes' stripped objects download while
         // sampling goes on.
         for pid in &self.new_pids[already_new..] {

@@ -9,6 +9,7 @@ mod errors;
 mod offcpu;
 mod privileges;
 mod reader;
+mod user_stacks;
 
 pub use errors::SamplingError;
 pub use offcpu::{DEFAULT_OFF_CPU_MIN, OffCpuConfig, TaskOffsets};
@@ -20,9 +21,13 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::{Ebpf, EbpfLoader};
-use profiler_common::{COUNTER_SLOTS, Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, Sample};
+use profiler_common::{
+    COUNTER_SLOTS, Counter, GLOBAL_FILTER_PIDS, MAX_PID_FILTER, SAMPLE_KIND_OFF_CPU,
+    SAMPLE_KIND_OFF_CPU_STACK, Sample,
+};
 
 use self::reader::RecordReader;
+use self::user_stacks::UserStacks;
 use crate::tables::{TableStore, UnwindArrays, UnwindTables};
 use profiler_bpf::loading::raise_memlock_limit;
 use profiler_runtimes::{RuntimeRegistry, RuntimeSettings};
@@ -109,6 +114,8 @@ pub struct Sampler {
     /// Where each variable-length ring-buffer record is copied to be read
     /// as a `Sample` (allocated once: a full sample is 9 KiB).
     buffer: Box<Sample>,
+    /// Off-CPU threads' user stacks, for the intervals that name them.
+    user_stacks: UserStacks,
     cpus: Vec<u32>,
     /// Until the recorder takes it (`take_runtimes`).
     runtimes: Option<RuntimeRegistry>,
@@ -141,7 +148,7 @@ impl Sampler {
         // Off-CPU programs need the kernel's task_struct layout; asking
         // first gives a clear error before anything is loaded.
         let off_cpu = match &config.off_cpu {
-            Some(off_cpu) => Some(offcpu::Globals::new(off_cpu, cpus.len())?),
+            Some(off_cpu) => Some(offcpu::Globals::new(off_cpu)?),
             None => None,
         };
         let runtime_globals = profiler_runtimes::loading::Globals::new(config.go_labels.is_some());
@@ -231,6 +238,7 @@ impl Sampler {
             counters,
             ebpf: Some(ebpf),
             buffer: Box::new(zeroed_sample()),
+            user_stacks: UserStacks::default(),
             cpus,
             runtimes: Some(runtimes),
         };
@@ -252,14 +260,30 @@ impl Sampler {
     /// from the ring buffer so far to `on_sample`. Returns how many.
     pub fn drain(&mut self, timeout: Duration, mut on_sample: impl FnMut(&Sample)) -> usize {
         let buffer = &mut self.buffer;
+        let user_stacks = &mut self.user_stacks;
         let mut count = 0;
         self.reader.drain(timeout, |record| {
-            if copy_record(record, buffer) {
-                on_sample(buffer);
-                count += 1;
+            if !copy_record(record, buffer) {
+                return;
             }
+            match buffer.kind {
+                SAMPLE_KIND_OFF_CPU_STACK => {
+                    user_stacks.keep(buffer);
+                    return;
+                }
+                SAMPLE_KIND_OFF_CPU => user_stacks.join(buffer),
+                _ => {}
+            }
+            on_sample(buffer);
+            count += 1;
         });
         count
+    }
+
+    /// Off-CPU intervals whose user stack was lost on the way (they kept
+    /// their kernel stack alone).
+    pub fn off_cpu_stacks_missing(&self) -> u64 {
+        self.user_stacks.missing()
     }
 
     /// Samples the ring-buffer thread dropped because aggregation was

@@ -1,6 +1,6 @@
 //! Loading and attaching the off-CPU programs (`profiler_common::offcpu`
 //! describes what they do): their settings, the kernel layout they need,
-//! and the three tracepoints.
+//! and the three programs on two tracepoints.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use aya::programs::BtfTracePoint;
 use aya::{Btf, Ebpf, EbpfLoader};
 use profiler_common::offcpu::{
     GLOBAL_OFF_CPU_MIN_NS, GLOBAL_OFF_CPU_PERIOD_NS, GLOBAL_TASK_FLAGS_OFFSET,
-    GLOBAL_TASK_PID_OFFSET, MIN_OFF_CPU_PENDING, OFF_CPU_PENDING_PER_CPU,
+    GLOBAL_TASK_PID_OFFSET,
 };
 
 use super::SamplingError;
@@ -63,11 +63,10 @@ pub(super) struct Globals {
     period_ns: u64,
     pid_offset: u32,
     flags_offset: u32,
-    pending: u32,
 }
 
 impl Globals {
-    pub(super) fn new(config: &OffCpuConfig, cpus: usize) -> Result<Globals, SamplingError> {
+    pub(super) fn new(config: &OffCpuConfig) -> Result<Globals, SamplingError> {
         if config.period > Duration::from_secs(3600) {
             return Err(SamplingError::OffCpuPeriod(config.period));
         }
@@ -77,7 +76,6 @@ impl Globals {
             period_ns: config.period.as_nanos() as u64,
             pid_offset: offsets.pid,
             flags_offset: offsets.flags,
-            pending: (OFF_CPU_PENDING_PER_CPU * cpus as u32).max(MIN_OFF_CPU_PENDING),
         })
     }
 
@@ -86,16 +84,15 @@ impl Globals {
             .override_global(GLOBAL_OFF_CPU_MIN_NS, &self.min_ns, true)
             .override_global(GLOBAL_OFF_CPU_PERIOD_NS, &self.period_ns, true)
             .override_global(GLOBAL_TASK_PID_OFFSET, &self.pid_offset, true)
-            .override_global(GLOBAL_TASK_FLAGS_OFFSET, &self.flags_offset, true)
-            .map_max_entries("OFF_CPU_PENDING", self.pending);
+            .override_global(GLOBAL_TASK_FLAGS_OFFSET, &self.flags_offset, true);
     }
 }
 
-/// The programs and their tracepoints, in attach order: wakeups and
-/// system-call returns first, so no switch is seen without them.
-const PROGRAMS: [(&str, &str); 3] = [
+/// The programs and their tracepoints, in attach order: wakeups first, so
+/// no switch is seen without them. (Nothing on `sys_exit`: see
+/// `profiler_common::offcpu`.)
+const PROGRAMS: [(&str, &str); 2] = [
     ("off_cpu_wakeup", "sched_wakeup"),
-    ("off_cpu_syscall_exit", "sys_exit"),
     ("off_cpu_switch", "sched_switch"),
 ];
 
