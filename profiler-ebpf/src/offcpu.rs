@@ -231,8 +231,8 @@ unsafe fn user_stack(thread: *mut OffCpuThread, pid: u32, tid: u32, state: u32, 
     }
 }
 
-/// A hash of what a stack record says: how the walk ended, its flags, and
-/// its words from the first frame to the end of its Go labels block (the
+/// A hash of what a stack record says: its process, how the walk ended,
+/// its flags, and its words from the first frame to the end of its Go labels block (the
 /// goroutine and its labels), which follows the frames. One `bpf_loop`
 /// over them keeps the verifier's work to one step.
 ///
@@ -256,9 +256,14 @@ unsafe fn stack_hash(record: *mut Sample, frames: u32) -> u64 {
         let mut context = HashContext {
             words: (*record).frames.as_ptr(),
             count: words as u64,
+            // The process too: a thread id reused by another process's
+            // thread with the same addresses is another stack to user
+            // space, which keeps each stack with its process.
             hash: mix(
                 HASH_SEED,
-                u64::from((*record).user_end) | (u64::from((*record).flags) << 8),
+                u64::from((*record).user_end)
+                    | (u64::from((*record).flags) << 8)
+                    | (u64::from((*record).pid) << 32),
             ),
         };
         bpf_loop(

@@ -216,8 +216,24 @@ fn java_frames_match_jfr_on_every_jdk() {
                 )
             })
             .collect();
+        // Samples per thread on each side: a side that lost a thread's
+        // samples at some PCs (JFR drops a sample whose frame it cannot
+        // decode) shows here, where shares alone would hide it.
+        let per_thread = |samples: &mut dyn Iterator<Item = (&str, i64)>| {
+            let mut counts = std::collections::BTreeMap::<String, i64>::new();
+            for (thread, count) in samples {
+                *counts.entry(thread.to_string()).or_default() += count;
+            }
+            counts
+        };
+        let threads = format!(
+            "samples per thread: ours {:?}, JFR's {:?}",
+            per_thread(&mut ours.iter().map(|s| (s.thread.as_str(), s.count))),
+            per_thread(&mut jfr.iter().map(|s| (s.thread.as_str(), 1))),
+        );
+        let compared = format!("{compared:#?}\n{threads}");
         eprintln!(
-            "{label}: {total} agent samples, {} JFR samples: {compared:?}",
+            "{label}: {total} agent samples, {} JFR samples: {compared}",
             jfr.len()
         );
         // Each of the fixture's four busy threads holds one innermost
@@ -225,7 +241,7 @@ fn java_frames_match_jfr_on_every_jdk() {
         for method in ["Main.hot", "Main.recurse", "Main.interp", "Main.jniWork"] {
             assert!(
                 share(&our_shares, method) > 0.1,
-                "{label}: {method} is {:.1}% of ours, {:.1}% of JFR's\n{compared:#?}",
+                "{label}: {method} is {:.1}% of ours, {:.1}% of JFR's\n{compared}",
                 share(&our_shares, method) * 100.0,
                 share(&their_shares, method) * 100.0
             );
@@ -234,7 +250,7 @@ fn java_frames_match_jfr_on_every_jdk() {
             let (a, b) = (share(&our_shares, method), share(&their_shares, method));
             assert!(
                 (a - b).abs() <= 0.05,
-                "{label}: {method}: {:.1}% of the agent's innermost Java frames, {:.1}% of JFR's\n{compared:#?}",
+                "{label}: {method}: {:.1}% of the agent's innermost Java frames, {:.1}% of JFR's\n{compared}",
                 a * 100.0,
                 b * 100.0
             );

@@ -296,10 +296,10 @@ fn build<K: Borrow<StackKey>, C: Borrow<StackCounts>>(
         if counts.off_cpu_ns() == 0 {
             continue;
         }
-        // Off-CPU: our tracepoint program's frames at the leaf, and the
-        // scheduler's own functions, say nothing about why the thread
-        // waited. They go (the kernel's stack of a sleeping task, which
-        // the interval's stack often is, already leaves the latter out).
+        // Off-CPU: tracing frames at the leaf, and the scheduler's own
+        // functions, say nothing about why the thread waited. They go (the
+        // kernel's stack of a sleeping task, which an interval's kernel
+        // stack is, already leaves the latter out).
         let names: Vec<String> = kernel
             .iter()
             .map(|f| {

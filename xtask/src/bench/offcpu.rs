@@ -92,13 +92,15 @@ pub enum OffCpuWorkload {
     PingPong,
     GoService,
     GoServer,
+    Syscalls,
 }
 
 impl OffCpuWorkload {
-    pub const ALL: [OffCpuWorkload; 3] = [
+    pub const ALL: [OffCpuWorkload; 4] = [
         OffCpuWorkload::PingPong,
         OffCpuWorkload::GoService,
         OffCpuWorkload::GoServer,
+        OffCpuWorkload::Syscalls,
     ];
 
     pub fn name(self) -> &'static str {
@@ -108,13 +110,18 @@ impl OffCpuWorkload {
             OffCpuWorkload::GoServer => {
                 "Go HTTP server (net/http on loopback, 4 keep-alive clients per CPU)"
             }
+            // What any program at system calls costs: a tracer that walks
+            // stacks where a system call returns slows every call.
+            OffCpuWorkload::Syscalls => {
+                "system calls (1 thread writes and reads back a pipe, no blocking)"
+            }
         }
     }
 
     /// The Go binary the workload runs, under the bench's bin directory.
     fn go_binary(self) -> Option<&'static str> {
         match self {
-            OffCpuWorkload::PingPong => None,
+            OffCpuWorkload::PingPong | OffCpuWorkload::Syscalls => None,
             OffCpuWorkload::GoService => Some("goservice"),
             OffCpuWorkload::GoServer => Some("goserver"),
         }
@@ -132,6 +139,12 @@ impl OffCpuWorkload {
             OffCpuWorkload::GoServer => run_counting(
                 Command::new(env.bins.join("goserver")).arg(format!("{seconds}")),
                 "goserver",
+                env,
+                seconds,
+            ),
+            OffCpuWorkload::Syscalls => run_counting(
+                Command::new(env.bins.join("syscalls")).arg(format!("{seconds}")),
+                "syscalls",
                 env,
                 seconds,
             ),
