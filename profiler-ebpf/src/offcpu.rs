@@ -232,9 +232,9 @@ unsafe fn user_stack(thread: *mut OffCpuThread, pid: u32, tid: u32, state: u32, 
 }
 
 /// A hash of what a stack record says: its process, how the walk ended,
-/// its flags, and its words from the first frame to the end of its Go labels block (the
-/// goroutine and its labels), which follows the frames. One `bpf_loop`
-/// over them keeps the verifier's work to one step.
+/// its flags, and its words from the first frame to the end of its Go
+/// labels block (the goroutine and its labels), which follows the frames.
+/// One `bpf_loop` over them keeps the verifier's work to one step.
 ///
 /// # Safety
 /// `record` must point to this CPU's scratch stack record holding
@@ -468,7 +468,11 @@ unsafe fn emit(record: *const Sample, frames: u32) -> bool {
     }
     // SAFETY: the caller's promise; len <= size_of Sample.
     let bytes = unsafe { core::slice::from_raw_parts(record.cast::<u8>(), len) };
-    if send(bytes, false) {
+    // A leaf in code mapped since the agent last read the process's maps
+    // wakes it at once (as CPU samples do), before the code can go.
+    // SAFETY: the caller's promise.
+    let wake_now = unsafe { (*record).flags } & SAMPLE_FLAG_UNKNOWN_MAPPING != 0;
+    if send(bytes, wake_now) {
         true
     } else {
         bump(Counter::OffCpuRingBufferFull);

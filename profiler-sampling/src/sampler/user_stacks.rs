@@ -15,10 +15,15 @@ use profiler_common::{
     runtimes::go::GoLabels, unwind::UserStackEnd,
 };
 
-/// Threads whose last stack is kept at most. Past it, the stacks of
-/// threads that exited are let go (and, if that is not enough, all: each
-/// thread's stack is sent again at its next switch-out after a second).
+/// Threads whose last stack is kept at most, and their words (frames and
+/// labels) together: 8 MiB, some 40,000 stacks of 25 frames. A process
+/// that blocks many threads with deep stacks must not grow the agent
+/// without bound. Past either, the stacks of threads that exited are let
+/// go, and if that is not enough, all of them: each thread's stack is sent
+/// again at its next switch-out after a second (`OFF_CPU_STACK_RESEND_NS`),
+/// and the intervals between name a stack no longer here (counted).
 const MAX_THREADS: usize = 1 << 16;
+const MAX_WORDS: usize = 1 << 20;
 
 /// The flags of a stack record that describe its user half.
 const USER_FLAGS: u16 = SAMPLE_FLAG_UNKNOWN_MAPPING | SAMPLE_FLAG_GO_LABELS;
@@ -27,6 +32,8 @@ const USER_FLAGS: u16 = SAMPLE_FLAG_UNKNOWN_MAPPING | SAMPLE_FLAG_GO_LABELS;
 #[derive(Default)]
 pub(super) struct UserStacks {
     by_thread: HashMap<u32, UserStack>,
+    /// Words the kept stacks hold (frames, and labels in words).
+    words: usize,
     /// Intervals that named a stack not kept here (its record was lost, or
     /// let go): they kept their kernel stack alone.
     missing: u64,
@@ -45,7 +52,10 @@ struct UserStack {
 impl UserStacks {
     /// Keeps a `SAMPLE_KIND_OFF_CPU_STACK` record as its thread's stack.
     pub(super) fn keep(&mut self, record: &Sample) {
-        if self.by_thread.len() >= MAX_THREADS && !self.by_thread.contains_key(&record.tid) {
+        if let Some(old) = self.by_thread.remove(&record.tid) {
+            self.words -= old.words();
+        }
+        if self.by_thread.len() >= MAX_THREADS || self.words >= MAX_WORDS {
             self.let_go_of_exited();
         }
         let labels = match record.go_labels() {
@@ -58,17 +68,16 @@ impl UserStacks {
             }
             None => Vec::new(),
         };
-        self.by_thread.insert(
-            record.tid,
-            UserStack {
-                id: record.stack_id,
-                pid: record.pid,
-                user_end: record.user_end,
-                flags: record.flags & USER_FLAGS,
-                frames: record.user_stack().to_vec(),
-                labels,
-            },
-        );
+        let stack = UserStack {
+            id: record.stack_id,
+            pid: record.pid,
+            user_end: record.user_end,
+            flags: record.flags & USER_FLAGS,
+            frames: record.user_stack().to_vec(),
+            labels,
+        };
+        self.words += stack.words();
+        self.by_thread.insert(record.tid, stack);
     }
 
     /// Completes an off-CPU interval with the user stack it names, after
@@ -120,9 +129,18 @@ impl UserStacks {
         self.by_thread.retain(|tid, stack| {
             std::path::Path::new(&format!("/proc/{}/task/{tid}", stack.pid)).exists()
         });
-        if self.by_thread.len() >= MAX_THREADS {
+        if self.by_thread.len() >= MAX_THREADS
+            || self.by_thread.values().map(UserStack::words).sum::<usize>() >= MAX_WORDS
+        {
             self.by_thread.clear();
         }
+        self.words = self.by_thread.values().map(UserStack::words).sum();
+    }
+}
+
+impl UserStack {
+    fn words(&self) -> usize {
+        self.frames.len() + self.labels.len().div_ceil(8)
     }
 }
 
@@ -191,6 +209,38 @@ mod tests {
         let mut kernel_thread = interval(13, 0, &[0xffff_8000_0000_1000]);
         stacks.join(&mut kernel_thread);
         assert_eq!(stacks.missing(), 2);
+    }
+
+    #[test]
+    fn deep_stacks_of_many_threads_stay_within_the_bound() {
+        let mut stacks = UserStacks::default();
+        let deep: Vec<u64> = (0..MAX_USER_FRAMES as u64).map(|i| 0x400000 + i).collect();
+        // Threads of a process that is not there (no pid is that high),
+        // so all count as exited when the bound is met.
+        for tid in 0..3 * (MAX_WORDS / MAX_USER_FRAMES) as u32 {
+            let mut record = stack(tid, 3, &deep);
+            record.pid = u32::MAX;
+            stacks.keep(&record);
+            assert!(
+                stacks.words <= MAX_WORDS + MAX_USER_FRAMES,
+                "{}",
+                stacks.words
+            );
+        }
+        assert_eq!(
+            stacks.words,
+            stacks
+                .by_thread
+                .values()
+                .map(UserStack::words)
+                .sum::<usize>()
+        );
+        // The newest is kept.
+        let last = 3 * (MAX_WORDS / MAX_USER_FRAMES) as u32 - 1;
+        let mut joined = interval(last, 3, &[]);
+        joined.pid = u32::MAX;
+        stacks.join(&mut joined);
+        assert_eq!(joined.user_frames as usize, MAX_USER_FRAMES);
     }
 
     #[test]
