@@ -1,6 +1,6 @@
 //! Off-CPU profiling: where threads wait, and for how long.
 //!
-//! Three BTF tracepoints (`tp_btf`; kprobes and fentry are not needed):
+//! Two BTF tracepoints (`tp_btf`; kprobes and fentry are not needed):
 //!
 //! - `sched_switch`, prev side (runs as the thread leaving its CPU, the
 //!   only moment its user memory is readable before it runs again):

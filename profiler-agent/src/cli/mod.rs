@@ -128,9 +128,9 @@ pub struct RecordArgs {
     pub off_cpu_min: Duration,
 
     /// Sampling period of off-CPU time: shorter intervals are recorded with
-    /// probability interval/period and then stand for one period, so stack
-    /// walks per second stay bounded (default: one CPU sampling period,
-    /// 10ms at 100 Hz; 0 records every interval).
+    /// probability interval/period and then stand for one period, so records
+    /// per second stay bounded (default: one CPU sampling period, 10ms at
+    /// 100 Hz; 0 records every interval).
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration,
           requires = "off_cpu_mode")]
     pub off_cpu_period: Option<Duration>,
