@@ -37,9 +37,6 @@ pub const TASK_UNINTERRUPTIBLE: u32 = 2;
 /// `task_struct.flags` bit of kernel threads.
 pub const PF_KTHREAD: u32 = 0x0020_0000;
 
-/// `OffCpuThread::flags`: a kernel thread (no user stack).
-pub const THREAD_KERNEL: u32 = 1 << 1;
-
 /// A traced thread while it is off its CPU.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -50,8 +47,7 @@ pub struct OffCpuThread {
     pub wake_ns: u64,
     /// Task state at the switch-out (`TASK_RUNNING` when preempted).
     pub state: u32,
-    /// `THREAD_*`.
-    pub flags: u32,
+    pub _pad: u32,
     /// Its process (the kernel's tgid).
     pub pid: u32,
     /// The id of the user stack it left its CPU with (0: none sent).

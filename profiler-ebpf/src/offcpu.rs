@@ -25,7 +25,6 @@ use aya_ebpf::{
 };
 use profiler_common::offcpu::{
     MAX_OFF_CPU_THREADS, OFF_CPU_STACK_RESEND_NS, OffCpuThread, PF_KTHREAD, TASK_RUNNING,
-    THREAD_KERNEL,
 };
 use profiler_common::{
     Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, MAX_USER_FRAMES, SAMPLE_FLAG_GO_LABELS,
@@ -137,7 +136,7 @@ fn switched_out(prev: *const u8, preempt: bool, prev_state: u32, now: u64) {
                 out_ns: 0,
                 wake_ns: 0,
                 state,
-                flags: 0,
+                _pad: 0,
                 pid,
                 stack_id: 0,
                 comm,
@@ -165,13 +164,12 @@ fn switched_out(prev: *const u8, preempt: bool, prev_state: u32, now: u64) {
         (*entry).state = state;
         (*entry).pid = pid;
         (*entry).comm = comm;
-        if kernel_thread {
-            (*entry).flags = THREAD_KERNEL;
-            (*entry).stack_id = 0;
+        // A kernel thread has no user stack.
+        (*entry).stack_id = if kernel_thread {
+            0
         } else {
-            (*entry).flags = 0;
-            (*entry).stack_id = user_stack(entry, pid, tid, state, now);
-        }
+            user_stack(entry, pid, tid, state, now)
+        };
     }
 }
 

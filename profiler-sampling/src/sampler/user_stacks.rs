@@ -11,8 +11,7 @@
 use std::collections::HashMap;
 
 use profiler_common::{
-    MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_UNKNOWN_MAPPING, Sample,
-    runtimes::go::GoLabels, unwind::UserStackEnd,
+    SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_UNKNOWN_MAPPING, Sample, runtimes::go::GoLabels,
 };
 
 /// Threads whose last stack is kept at most, and their words (frames and
@@ -24,9 +23,6 @@ use profiler_common::{
 /// and the intervals between name a stack no longer here (counted).
 const MAX_THREADS: usize = 1 << 16;
 const MAX_WORDS: usize = 1 << 20;
-
-/// The flags of a stack record that describe its user half.
-const USER_FLAGS: u16 = SAMPLE_FLAG_UNKNOWN_MAPPING | SAMPLE_FLAG_GO_LABELS;
 
 /// The last user stack sent for each thread, by thread id.
 #[derive(Default)]
@@ -43,7 +39,8 @@ struct UserStack {
     id: u32,
     pid: u32,
     user_end: u8,
-    flags: u16,
+    /// Its leaf was in code the agent had not seen mapped.
+    unknown_mapping: bool,
     frames: Vec<u64>,
     /// Its Go labels block, as the record carried it.
     labels: Vec<u8>,
@@ -72,7 +69,7 @@ impl UserStacks {
             id: record.stack_id,
             pid: record.pid,
             user_end: record.user_end,
-            flags: record.flags & USER_FLAGS,
+            unknown_mapping: record.flags & SAMPLE_FLAG_UNKNOWN_MAPPING != 0,
             frames: record.user_stack().to_vec(),
             labels,
         };
@@ -93,17 +90,17 @@ impl UserStacks {
                 return;
             }
         };
-        let kernel = (interval.kernel_frames as usize).min(MAX_SAMPLE_FRAMES);
-        let room = (MAX_SAMPLE_FRAMES - kernel).min(MAX_USER_FRAMES);
-        let user = stack.frames.len().min(room);
-        interval.frames[kernel..kernel + user].copy_from_slice(&stack.frames[..user]);
+        // Both fit: a record has at most MAX_STACK_DEPTH kernel frames
+        // (`copy_record` checks) and a stack MAX_USER_FRAMES user frames,
+        // and MAX_SAMPLE_FRAMES is their sum.
+        let kernel = interval.kernel_frames as usize;
+        let user = stack.frames.len();
+        interval.frames[kernel..kernel + user].copy_from_slice(&stack.frames);
         interval.user_frames = user as u16;
-        interval.user_end = if user < stack.frames.len() {
-            UserStackEnd::Truncated as u8
-        } else {
-            stack.user_end
-        };
-        interval.flags |= stack.flags & SAMPLE_FLAG_UNKNOWN_MAPPING;
+        interval.user_end = stack.user_end;
+        if stack.unknown_mapping {
+            interval.flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
+        }
         if !stack.labels.is_empty() && stack.labels.len() <= std::mem::size_of::<GoLabels>() {
             // SAFETY: `tail` leaves room for a whole labels block after any
             // number of frames, so these bytes lie inside the sample.
@@ -129,12 +126,11 @@ impl UserStacks {
         self.by_thread.retain(|tid, stack| {
             std::path::Path::new(&format!("/proc/{}/task/{tid}", stack.pid)).exists()
         });
-        if self.by_thread.len() >= MAX_THREADS
-            || self.by_thread.values().map(UserStack::words).sum::<usize>() >= MAX_WORDS
-        {
-            self.by_thread.clear();
-        }
         self.words = self.by_thread.values().map(UserStack::words).sum();
+        if self.by_thread.len() >= MAX_THREADS || self.words >= MAX_WORDS {
+            self.by_thread.clear();
+            self.words = 0;
+        }
     }
 }
 
@@ -147,7 +143,9 @@ impl UserStack {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use profiler_common::{SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK};
+    use profiler_common::{
+        MAX_USER_FRAMES, SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK, unwind::UserStackEnd,
+    };
 
     fn record(kind: u8, tid: u32, stack_id: u32) -> Box<Sample> {
         // SAFETY: Sample is plain integers (aya::Pod): zeroes are valid.
