@@ -132,6 +132,12 @@ fn run(jdk: &Jdk) -> (RawProfile, Vec<JfrSample>, HashSet<String>) {
         // JDK 22 on warns when a class loads a native library without it.
         "--enable-native-access=ALL-UNNAMED".into(),
         "-XX:CompileCommand=exclude,Main::interp".into(),
+        // leaf() inlined into every compiled caller, as the fixture means:
+        // C2 otherwise declines it at times (once it has compiled leaf()
+        // on its own into more than InlineSmallCode), and JDK 21's JFR
+        // then drops the samples in leaf()'s own compiled code, so the
+        // innermost method would depend on the order of compilation.
+        "-XX:CompileCommand=inline,Main::leaf".into(),
         "-cp".into(),
         inside.display().to_string(),
         "Main".into(),
