@@ -9,7 +9,8 @@ use super::super::frame::{Frame, NameSource, Resolver};
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     address: u64,
-    /// 0 when the table does not say (assembly labels).
+    /// 0 when neither the table nor the symbol's section says (assembly
+    /// labels with no section end to stop at).
     size: u64,
     /// Where the (mangled) name sits in the file's bytes.
     name_offset: u64,
@@ -47,6 +48,12 @@ impl ElfSymbols {
             .filter(|s| s.kind() == SectionKind::Text)
             .map(|s| s.index())
             .collect();
+        // Where each section ends, for symbols the table gives no size.
+        let section_ends: Vec<(object::SectionIndex, u64)> = file
+            .sections()
+            .filter(|s| s.address() != 0)
+            .map(|s| (s.index(), s.address().saturating_add(s.size())))
+            .collect();
         let mut take = |symbol: object::Symbol<'data, '_>, dynamic: bool| {
             if symbol.is_undefined() || symbol.address() == 0 {
                 return;
@@ -82,9 +89,20 @@ impl ElfSymbols {
             {
                 return;
             }
+            // A sizeless symbol reaches to the next one, but never out of
+            // its own section: crti's `_init` (size 0, at the end of
+            // .init) named every PLT stub after it, so a thread preempted
+            // in `clock_gettime@plt` showed under `_init`.
+            let size = match symbol.size() {
+                0 => symbol
+                    .section_index()
+                    .and_then(|index| section_ends.iter().find(|(i, _)| *i == index))
+                    .map_or(0, |(_, end)| end.saturating_sub(symbol.address())),
+                size => size,
+            };
             let entry = Entry {
                 address: symbol.address(),
-                size: symbol.size(),
+                size,
                 name_offset: offset as u64,
                 name_len: u32::try_from(name.len()).unwrap_or(0),
                 dynamic,
@@ -126,7 +144,8 @@ impl ElfSymbols {
     }
 
     /// The symbol covering `address`: the last one starting at or below it,
-    /// if its size reaches `address` (sizeless symbols reach to the next).
+    /// if its size reaches `address` (sizeless symbols reach to the next,
+    /// within their section).
     /// Returns the demangled name, the mangled one when it differs, and the
     /// symbol's address.
     pub fn lookup(&self, address: u64) -> Option<(String, Option<&str>, u64)> {
@@ -308,6 +327,39 @@ mod tests {
                 .0;
             assert_eq!(symbols.lookup(address).unwrap().0, name);
         }
+    }
+
+    /// The PLT has no symbols of its own: a sizeless symbol before it (crti's
+    /// `_init`, in .init) must not name its stubs.
+    #[test]
+    fn plt_stubs_are_not_named_after_the_sizeless_symbol_before_them() {
+        use object::{Object, ObjectSection};
+        let dir = tempfile::tempdir().unwrap();
+        let binary = compile("cc", "c/offcpu.c", &["-O2", "-pthread"], dir.path());
+        let symbols = symbols_of(&binary);
+        let data = std::fs::read(&binary).unwrap();
+        let file = object::File::parse(&*data).unwrap();
+        let init = nm(&binary, false)
+            .into_iter()
+            .find(|(.., n)| n == "_init")
+            .expect("crti's _init in the fixture");
+        assert_eq!(
+            symbols.lookup(init.0).map(|l| l.0).as_deref(),
+            Some("_init")
+        );
+        let mut checked = 0;
+        for section in file.sections() {
+            let Ok(name) = section.name() else { continue };
+            if !name.starts_with(".plt") {
+                continue;
+            }
+            for address in (section.address()..section.address() + section.size()).step_by(4) {
+                let found = symbols.lookup(address).map(|l| l.0);
+                assert_ne!(found.as_deref(), Some("_init"), "{name} at {address:#x}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 0, "no .plt section in the fixture");
     }
 
     #[test]
