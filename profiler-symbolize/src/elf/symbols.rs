@@ -48,12 +48,6 @@ impl ElfSymbols {
             .filter(|s| s.kind() == SectionKind::Text)
             .map(|s| s.index())
             .collect();
-        // Where each section ends, for symbols the table gives no size.
-        let section_ends: Vec<(object::SectionIndex, u64)> = file
-            .sections()
-            .filter(|s| s.address() != 0)
-            .map(|s| (s.index(), s.address().saturating_add(s.size())))
-            .collect();
         let mut take = |symbol: object::Symbol<'data, '_>, dynamic: bool| {
             if symbol.is_undefined() || symbol.address() == 0 {
                 return;
@@ -96,8 +90,12 @@ impl ElfSymbols {
             let size = match symbol.size() {
                 0 => symbol
                     .section_index()
-                    .and_then(|index| section_ends.iter().find(|(i, _)| *i == index))
-                    .map_or(0, |(_, end)| end.saturating_sub(symbol.address())),
+                    .and_then(|index| file.section_by_index(index).ok())
+                    .filter(|section| section.address() != 0)
+                    .map_or(0, |section| {
+                        (section.address().saturating_add(section.size()))
+                            .saturating_sub(symbol.address())
+                    }),
                 size => size,
             };
             let entry = Entry {
