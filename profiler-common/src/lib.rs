@@ -294,6 +294,10 @@ counters! {
     /// Off-CPU: user stacks written to the ring buffer (a thread's stack
     /// at a switch-out, when it differs from the last one sent for it).
     OffCpuStacksSent = 24, "off_cpu_stacks_sent", "profiler_agent_kernel_off_cpu_stacks_sent_total";
+    /// User frames of Go code unwound by their frame record without a
+    /// table lookup: callers inside `UnwindMapping::frame_record_callers`
+    /// (the tables say the same there; the record is one read fewer).
+    FramesFromFrameRecords = 25, "frames_from_frame_records", "profiler_agent_kernel_frames_from_frame_records_total";
 }
 
 /// Number of `Counter` slots.

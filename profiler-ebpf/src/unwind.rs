@@ -20,8 +20,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use profiler_common::unwind::{
-    DEFAULT_UNWIND_ROW_BLOCKS, FRAME_EXACT_PC, MAX_PROCESS_UNWIND_MAPPINGS, MAX_UNWIND_MAPPINGS,
-    MAX_UNWIND_PAGES, MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind,
+    DEFAULT_UNWIND_ROW_BLOCKS, FRAME_EXACT_PC, FRAME_RECORD_RANGES, MAX_PROCESS_UNWIND_MAPPINGS,
+    MAX_UNWIND_MAPPINGS, MAX_UNWIND_PAGES, MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind,
     RULE_CACHE_GRANULE_SHIFT, RULE_CACHE_SLOTS, RULE_CFA_DEREF_FP, RULE_CFA_FP, RULE_CFA_SP,
     RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_GO_INJECTED_CALL, RULE_FLAG_INTERPRETER,
     RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_PLT,
@@ -138,6 +138,7 @@ pub fn walk_user_stack(
         words::set(&raw mut (*state).exact_pc, 0);
         words::set(&raw mut (*state).leaf_in_system_call, in_system_call as u32);
         words::set(&raw mut (*state).unknown_leaf, 0);
+        words::set(&raw mut (*state).fp_from_record, 0);
         words::set(&raw mut (*state).py_state, runtimes::python::PY_UNSTARTED);
         words::set(&raw mut (*state).py_pending, 0);
         words::set(&raw mut (*state).py_unknown_thread, 0);
@@ -205,6 +206,7 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     // Java code in a JVM's code cache: its frame, and its caller, by the
     // JVM's own layout (`runtimes::hotspot`).
     if let Some(stepped) = runtimes::hotspot::step(state, sample) {
+        state.fp_from_record = 0;
         return match stepped {
             Ok(Step::Next) => CONTINUE,
             Ok(Step::End(end)) => {
@@ -237,12 +239,30 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
     state.frames = n + 1;
 
     // A caller's pc is a return address: look up the call instruction.
-    let lookup = if (n == 0 && state.leaf_in_system_call == 0) || state.exact_pc != 0 {
+    let exact_pc = state.exact_pc != 0;
+    let lookup = if (n == 0 && state.leaf_in_system_call == 0) || exact_pc {
         state.pc
     } else {
         state.pc - 1
     };
     state.exact_pc = 0;
+    // A Go caller whose frame record is its unwind: the step without the
+    // rule (a lookup, most often a hit in the rule cache, is one cold line
+    // of memory a frame where the record's words are already in the
+    // stack window).
+    if n > 0 && !exact_pc && state.fp_from_record != 0 && is_frame_record_caller(state, lookup) {
+        bump(Counter::FramesFromFrameRecords);
+        let end = match frame_pointer_step(state) {
+            Ok(Step::Next) => return CONTINUE,
+            Ok(Step::End(end)) => end as u32,
+            Err(()) => {
+                bump(Counter::UserStackFailed);
+                UserStackEnd::ReadFault as u32
+            }
+        };
+        state.end = end;
+        return STOP;
+    }
     let (rule, mapped) = find_rule(state, lookup);
     if n == 0 && !mapped && state.mapping_count > 0 {
         state.unknown_leaf = 1;
@@ -286,7 +306,9 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
         // stacks have not been switched yet.
         RULE_GO_CGOCALL if n > 0 => {
             bump(Counter::FramesFromTables);
-            runtimes::go::stacks::cgocall_step(state, &rule)
+            let stepped = runtimes::go::stacks::cgocall_step(state, &rule);
+            state.fp_from_record = 0;
+            stepped
         }
         RULE_ROOT => Ok(Step::End(UserStackEnd::Root)),
         // RULE_STOP, and a kind this walker does not know.
@@ -324,6 +346,7 @@ fn frame_pointer_step(state: &mut WalkState) -> Result<Step, ()> {
     let return_address = record[(machine::FRAME_RECORD_RETURN_ADDRESS / 8) as usize];
     state.fp = record[(machine::FRAME_RECORD_CALLER_FP / 8) as usize];
     state.sp = fp + machine::FRAME_RECORD_SIZE;
+    state.fp_from_record = 1;
     if return_address == 0 {
         return Ok(Step::End(UserStackEnd::NoTable));
     }
@@ -381,6 +404,9 @@ fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step,
     if fp_lost {
         state.fp = 0;
     }
+    // Read from the stack unless the rule left FP as it was (a register,
+    // or a value from the frame before).
+    state.fp_from_record = (rule.fp_offset != 0 && !fp_lost) as u32;
     state.sp = cfa;
     let step = return_to(state, return_address);
     if rule.flags & RULE_FLAG_GO_INJECTED_CALL != 0 {
@@ -397,6 +423,7 @@ fn table_step(state: &mut WalkState, rule: &UnwindRule, pc: u64) -> Result<Step,
 #[inline(always)]
 fn go_injected_call_return(state: &mut WalkState, cfa: u64) -> Result<(), ()> {
     state.exact_pc = 1;
+    state.fp_from_record = 0;
     if machine::GO_INJECTED_CALL_SLOT != 0 {
         state.lr = machine::strip_pointer_auth(stack_word(state, cfa)?);
         state.sp = cfa + machine::GO_INJECTED_CALL_SLOT;
@@ -425,7 +452,31 @@ fn signal_step(state: &mut WalkState) -> Result<Step, ()> {
     state.pc = machine::strip_pointer_auth(pc);
     state.lr = machine::strip_pointer_auth(lr);
     state.exact_pc = 1;
+    state.fp_from_record = 0;
     Ok(Step::Next)
+}
+
+/// `pc` (a caller's, looked up one byte back) is in the current mapping's
+/// `frame_record_callers`.
+#[inline(always)]
+fn is_frame_record_caller(state: &WalkState, pc: u64) -> bool {
+    if !(state.mapping.start <= pc && pc < state.mapping.end) {
+        return false;
+    }
+    let offset = pc.wrapping_sub(state.mapping.base);
+    if offset > u64::from(u32::MAX) {
+        return false;
+    }
+    let offset = offset as u32;
+    let mut i = 0;
+    while i < FRAME_RECORD_RANGES {
+        let range = &state.mapping.frame_record_callers[i];
+        if offset.wrapping_sub(range.start) < range.len {
+            return true;
+        }
+        i += 1;
+    }
+    false
 }
 
 /// The rule covering `pc`: from its process's tables, or the frame-pointer

@@ -151,6 +151,13 @@ pub(crate) struct WalkState {
     /// The leaf PC is in no mapping user space registered for this
     /// process (code mapped since: dlopen, a JIT).
     pub(crate) unknown_leaf: u32,
+    /// `fp` is the current frame's frame pointer as the stack holds it:
+    /// the last step read it from a frame record (a frame-pointer step,
+    /// or a table row that restores it). Only then may a caller be
+    /// stepped by its frame record without its rule
+    /// (`UnwindMapping::frame_record_callers`): a leaf's or a signal
+    /// frame's FP is a register that assembly may use for data.
+    pub(crate) fp_from_record: u32,
     /// CPython (`runtimes::python`): `PY_UNSTARTED`, `PY_STARTED`,
     /// `PY_OFF`.
     pub(crate) py_state: u32,
@@ -164,7 +171,6 @@ pub(crate) struct WalkState {
     /// The walk's end (a `UserStackEnd`), once the pending Python frames
     /// are written; 0 while it goes on.
     pub(crate) py_end: u32,
-    pub(crate) _py_pad: u32,
     /// The next Python frame to write.
     pub(crate) py_frame: u64,
     /// The process's layout, copied once per walk.

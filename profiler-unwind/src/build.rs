@@ -37,6 +37,9 @@ pub struct RuntimeTable {
     pub ranges: Vec<(u64, u64)>,
     /// What the table says it came from (`TableSource::GoPcsp`).
     pub source: TableSource,
+    /// Object addresses where a caller's frame record is its unwind (see
+    /// `UnwindMapping::frame_record_callers`); empty for most runtimes.
+    pub frame_record_callers: Vec<(u64, u64)>,
 }
 
 /// The runtimes asked for rows of every object.
@@ -64,6 +67,8 @@ pub struct BuiltTable {
     pub cfi: CfiStats,
     /// GNU build id: objects with the same id share one loaded table.
     pub build_id: Option<Vec<u8>>,
+    /// The runtime's `RuntimeTable::frame_record_callers`.
+    pub frame_record_callers: Vec<(u64, u64)>,
 }
 
 /// Why an object has no table (its code walks frame pointers).
@@ -141,6 +146,10 @@ fn build_unguarded(
     {
         cfi = debug_file_rows(&file, &search);
     }
+    let frame_record_callers = runtime
+        .as_ref()
+        .map(|r| r.frame_record_callers.clone())
+        .unwrap_or_default();
     let (table, source, stats) = match (runtime, cfi) {
         (Some(runtime), Some((cfi, stats, _))) => (
             runtime.ranges.iter().fold(cfi, |table, &(start, end)| {
@@ -164,6 +173,7 @@ fn build_unguarded(
         source,
         cfi: stats,
         build_id,
+        frame_record_callers,
     })
 }
 
@@ -208,6 +218,7 @@ pub fn build_vdso(image: &[u8]) -> Result<BuiltTable, NoTable> {
             source: TableSource::EhFrame,
             cfi: stats,
             build_id: file.build_id().ok().flatten().map(<[u8]>::to_vec),
+            frame_record_callers: Vec::new(),
         })
     })
     .unwrap_or(Err(NoTable::Panicked))

@@ -261,6 +261,7 @@ const EXPLAINED: &[Counter] = &[
     Counter::PythonThreadUnknown,
     Counter::PythonCut,
     Counter::FramesFromTables,
+    Counter::FramesFromFrameRecords,
     Counter::SignalFrames,
     Counter::FramesUnsupportedCfi,
 ];
@@ -424,14 +425,15 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
     if t.tables_loaded > 0 || c[Counter::FramesFromTables] > 0 {
         eprintln!(
             "  unwinding: tables for {} objects ({} rows, {:.1} MiB) in {} processes, built in \
-             {} ms; {} frames unwound by tables, {} through signal frames, {} by frame pointers \
-             where the CFI has no table rule",
+             {} ms; {} frames unwound by tables, {} Go callers by their frame records, {} \
+             through signal frames, {} by frame pointers where the CFI has no table rule",
             t.objects_with_tables,
             t.rows_loaded,
             t.rows_loaded as f64 * 4.0 / (1 << 20) as f64,
             t.processes_registered,
             t.build_time.as_millis(),
             c[Counter::FramesFromTables],
+            c[Counter::FramesFromFrameRecords],
             c[Counter::SignalFrames],
             c[Counter::FramesUnsupportedCfi],
         );

@@ -127,11 +127,12 @@ impl RuntimeRows for Go {
         _cfi: Option<&ObjectTable>,
     ) -> Option<RuntimeTable> {
         let symbols = symbols_of(file, map)?;
-        let (table, start, end) = unwind::rows_for(&symbols)?;
+        let (table, start, end, frame_record_callers) = unwind::rows_for(&symbols)?;
         Some(RuntimeTable {
             table,
             ranges: vec![(start, end)],
             source: TableSource::GoPcsp,
+            frame_record_callers,
         })
     }
 }

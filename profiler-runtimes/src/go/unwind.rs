@@ -19,8 +19,8 @@
 //! return address is still in LR.
 
 use profiler_common::unwind::{
-    RULE_CFA_SP, RULE_FLAG_GO_INJECTED_CALL, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_ROOT,
-    RULE_SIGNAL, RULE_STOP, UnwindRule,
+    FRAME_RECORD_RANGES, RULE_CFA_SP, RULE_FLAG_GO_INJECTED_CALL, RULE_GO_CGOCALL,
+    RULE_GO_CGOCALLBACK, RULE_ROOT, RULE_SIGNAL, RULE_STOP, UnwindRule,
 };
 
 use profiler_unwind::cfi::Arch;
@@ -89,9 +89,12 @@ pub const INJECTED_CALLS: &[&str] = &[
 /// (RULE_GO_CGOCALLBACK).
 const CGOCALLBACK: &str = "runtime.cgocallback";
 
-/// Rows for every function of a Go binary's pclntab; None for an
-/// architecture whose rules are not written (32-bit).
-pub fn rows_for(symbols: &GoSymbols) -> Option<(ObjectTable, u64, u64)> {
+/// Rows for every function of a Go binary's pclntab, the text they cover,
+/// and where callers may be stepped by their frame record
+/// ([`frame_record_callers`]); None for an architecture whose rules are
+/// not written (32-bit).
+#[allow(clippy::type_complexity)]
+pub fn rows_for(symbols: &GoSymbols) -> Option<(ObjectTable, u64, u64, Vec<(u64, u64)>)> {
     let arch = match (symbols.pc_quantum(), symbols.pointer_size()) {
         (1, 8) => Arch::X86_64,
         (4, 8) => Arch::Aarch64,
@@ -113,7 +116,91 @@ pub fn rows_for(symbols: &GoSymbols) -> Option<(ObjectTable, u64, u64)> {
     functions.sort_by_key(|f| f.entry);
     let start = functions.first()?.entry;
     let end = functions.iter().map(|f| f.end).max()?;
-    Some((rows(&functions, arch), start, end))
+    let minor = symbols.version().and_then(super::pclntab::go_minor);
+    let callers = frame_record_callers(&functions, arch, minor);
+    Some((rows(&functions, arch), start, end, callers))
+}
+
+/// Where a caller (a frame above the leaf whose PC is a return address)
+/// unwinds exactly as its frame record says, so the walker may step it by
+/// frame pointer without its rule: up to `FRAME_RECORD_RANGES` stretches
+/// of `functions` (sorted by entry), the largest between the functions
+/// left out.
+///
+/// Only on x86-64 and Go 1.21 or later. There the compiler gives every
+/// function that calls a frame, saves BP at CFA - 16 and points BP at it
+/// (cmd/internal/obj/x86/obj6.go; before 1.21 a frameless `nosplit`
+/// function could call without one, and it is not marked in the binary).
+/// Left out: functions whose step is special (roots, stack switchers,
+/// signal handlers and restorers, cgo's crossings, faked calls, anything
+/// marked TOPFRAME or SPWRITE), and assembly without a frame, which may
+/// call (NOFRAME) and leave its caller's record in BP. Assembly with a
+/// frame had its record inserted by the assembler, as the pcsp rows
+/// already assume. arm64's frame record lies below the frame, so a
+/// record does not give the caller's SP there: tables on every frame.
+pub fn frame_record_callers(
+    functions: &[GoFunctionUnwind],
+    arch: Arch,
+    go_minor: Option<u32>,
+) -> Vec<(u64, u64)> {
+    if arch != Arch::X86_64
+        || go_minor.is_none_or(|minor| minor < 21)
+        || !frame_record_callers_wanted()
+    {
+        return Vec::new();
+    }
+    let (Some(first), Some(end)) = (functions.first(), functions.iter().map(|f| f.end).max())
+    else {
+        return Vec::new();
+    };
+    let mut gaps: Vec<(u64, u64)> = Vec::new();
+    let mut from = first.entry;
+    for function in functions.iter().filter(|f| !steps_by_frame_record(f)) {
+        if function.entry > from {
+            gaps.push((from, function.entry));
+        }
+        from = from.max(function.end);
+    }
+    if end > from {
+        gaps.push((from, end));
+    }
+    gaps.sort_by_key(|&(start, end)| std::cmp::Reverse(end - start));
+    gaps.truncate(FRAME_RECORD_RANGES);
+    gaps.sort();
+    gaps
+}
+
+/// `PROFILER_AGENT_FRAME_RECORD_CALLERS=0` looks every Go caller's rule up,
+/// as before Go callers were stepped by their records: for measuring the
+/// two against each other (`cargo xtask bench`) and for ruling the step
+/// out when a Go stack looks wrong.
+fn frame_record_callers_wanted() -> bool {
+    static WANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WANTED.get_or_init(|| {
+        std::env::var_os("PROFILER_AGENT_FRAME_RECORD_CALLERS").is_none_or(|v| v != "0")
+    })
+}
+
+/// Whether `function`, as a caller on x86-64 (Go 1.21+), unwinds by its
+/// frame record (see [`frame_record_callers`]).
+fn steps_by_frame_record(function: &GoFunctionUnwind) -> bool {
+    let name = function.name.as_str();
+    let special = [
+        ROOT_FUNCTIONS,
+        STACK_SWITCHERS,
+        SIGNAL_HANDLERS,
+        SIGNAL_RESTORERS,
+        INJECTED_CALLS,
+        &[CGOCALLBACK, "runtime.systemstack_switch"],
+    ]
+    .iter()
+    .any(|names| names.contains(&name));
+    let framed = function.pcsp.iter().any(|&(_, _, delta)| delta > 0);
+    !special
+        && function.flag & (FUNC_FLAG_TOPFRAME | FUNC_FLAG_SPWRITE) == 0
+        && !function.pcsp.is_empty()
+        && function.pcsp.iter().all(|&(_, _, delta)| delta >= 0)
+        && (framed || function.flag & FUNC_FLAG_ASM == 0)
 }
 
 /// Where asmcgocall keeps the goroutine's stack depth and g on the system
@@ -550,5 +637,95 @@ mod tests {
             (RULE_GO_CGOCALL, 0, 8, 8, -16)
         );
         assert_eq!(table.rule_at(0x3050).unwrap().kind, RULE_CFA_SP);
+    }
+
+    /// A Go function with a frame: 8 bytes at entry, `size` after.
+    fn framed(name: &str, entry: u64, end: u64, flag: u8) -> GoFunctionUnwind {
+        function(
+            name,
+            entry,
+            end,
+            flag,
+            &[(entry, entry + 4, 0), (entry + 4, end, 24)],
+        )
+    }
+
+    #[test]
+    fn callers_step_by_frame_record_between_the_functions_that_may_not() {
+        let functions = [
+            framed("main.a", 0x1000, 0x1100, 0),
+            // A frameless Go function: a leaf (the compiler gives every
+            // function that calls a frame since 1.21).
+            function("main.leaf", 0x1100, 0x1120, 0, &[(0x1100, 0x1120, 0)]),
+            framed("main.b", 0x1120, 0x1200, 0),
+            // Frameless assembly may call (NOFRAME): left out.
+            function(
+                "runtime.memmove",
+                0x1200,
+                0x1300,
+                FUNC_FLAG_ASM,
+                &[(0x1200, 0x1300, 0)],
+            ),
+            // Assembly with a frame has the record the assembler put in.
+            framed("crypto/sha256.block", 0x1300, 0x1400, FUNC_FLAG_ASM),
+            // Special steps: by name and by flag.
+            framed("runtime.sigpanic", 0x1400, 0x1480, 0),
+            framed(
+                "runtime.mcall",
+                0x1480,
+                0x1500,
+                FUNC_FLAG_ASM | FUNC_FLAG_SPWRITE,
+            ),
+            framed("main.c", 0x1500, 0x1600, 0),
+            framed(
+                "runtime.goexit",
+                0x1600,
+                0x1610,
+                FUNC_FLAG_ASM | FUNC_FLAG_TOPFRAME,
+            ),
+            framed("main.d", 0x1610, 0x1640, 0),
+        ];
+        let ranges = frame_record_callers(&functions, Arch::X86_64, Some(27));
+        assert_eq!(
+            ranges,
+            vec![
+                (0x1000, 0x1200),
+                (0x1300, 0x1400),
+                (0x1500, 0x1600),
+                (0x1610, 0x1640)
+            ]
+        );
+        // Before Go 1.21 a frameless nosplit function could call; arm64's
+        // record does not give the caller's SP; without a version, no
+        // promise.
+        assert!(frame_record_callers(&functions, Arch::X86_64, Some(20)).is_empty());
+        assert!(frame_record_callers(&functions, Arch::X86_64, None).is_empty());
+        assert!(frame_record_callers(&functions, Arch::Aarch64, Some(27)).is_empty());
+    }
+
+    #[test]
+    fn only_the_largest_stretches_are_kept() {
+        // Stretches of 0x100, 0x200, ... 0xa00 bytes, each followed by a
+        // frameless assembly function.
+        let mut functions = Vec::new();
+        let mut at = 0x10000;
+        for i in 1..=10u64 {
+            functions.push(framed("main.f", at, at + i * 0x100, 0));
+            at += i * 0x100;
+            functions.push(function(
+                "main.asm",
+                at,
+                at + 0x10,
+                FUNC_FLAG_ASM,
+                &[(at, at + 0x10, 0)],
+            ));
+            at += 0x10;
+        }
+        let ranges = frame_record_callers(&functions, Arch::X86_64, Some(21));
+        assert_eq!(ranges.len(), FRAME_RECORD_RANGES);
+        // Sorted by address, the two smallest (first) left out.
+        assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0));
+        let lengths: Vec<u64> = ranges.iter().map(|(s, e)| e - s).collect();
+        assert_eq!(lengths, (3..=10).map(|i| i * 0x100).collect::<Vec<_>>());
     }
 }

@@ -78,6 +78,7 @@ impl RuntimeRows for Python {
             table: ObjectTable::from_sorted(rows),
             ranges: interpreter.eval_ranges,
             source: TableSource::CfiWithInterpreter,
+            frame_record_callers: Vec::new(),
         })
     }
 }

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::unwind::{
-    MAX_PROCESS_UNWIND_MAPPINGS, ProcessUnwind, UNWIND_PAGE_SHIFT, UnwindMapping, UnwindPage,
-    UnwindRow, UnwindRowBlock, UnwindRule,
+    CodeRange, FRAME_RECORD_RANGES, MAX_PROCESS_UNWIND_MAPPINGS, ProcessUnwind, UNWIND_PAGE_SHIFT,
+    UnwindMapping, UnwindPage, UnwindRow, UnwindRowBlock, UnwindRule,
 };
 
 use super::allocator::RangeAllocator;
@@ -98,6 +98,25 @@ enum TableKey {
     Vdso,
 }
 
+/// Object address ranges as offsets from a table's `base` (the walker's
+/// `UnwindMapping::frame_record_callers`): the first `FRAME_RECORD_RANGES`,
+/// each cut to what the offsets can say.
+fn code_ranges(ranges: &[(u64, u64)], base: u64) -> [CodeRange; FRAME_RECORD_RANGES] {
+    let mut out = [CodeRange::default(); FRAME_RECORD_RANGES];
+    let offsets = ranges.iter().filter_map(|&(start, end)| {
+        let start = u32::try_from(start.checked_sub(base)?).ok()?;
+        let end = end.checked_sub(base)?.min(u64::from(u32::MAX)) as u32;
+        (start < end).then_some(CodeRange {
+            start,
+            len: end - start,
+        })
+    });
+    for (slot, range) in out.iter_mut().zip(offsets) {
+        *slot = range;
+    }
+    out
+}
+
 /// A `PT_LOAD` segment, to turn a mapping's file offset into an address.
 #[derive(Debug, Clone, Copy)]
 struct Segment {
@@ -115,6 +134,8 @@ struct LoadedTable {
     /// ELF virtual address of page 0.
     base: u64,
     segments: Vec<Segment>,
+    /// `UnwindMapping::frame_record_callers`, as offsets from `base`.
+    frame_record_callers: [CodeRange; FRAME_RECORD_RANGES],
     /// Objects (by identity) using this table.
     users: HashSet<ObjectId>,
 }
@@ -307,8 +328,7 @@ impl TableStore {
                         start: mapping.start,
                         end: mapping.end,
                         base: mapping.start,
-                        first_page: 0,
-                        page_count: 0,
+                        ..Default::default()
                     },
                     None,
                 )),
@@ -542,6 +562,7 @@ impl TableStore {
                 page_count,
                 base: paged.base,
                 segments,
+                frame_record_callers: code_ranges(&built.frame_record_callers, paged.base),
                 users: user.into_iter().collect(),
             },
         );
@@ -600,10 +621,10 @@ impl TableStore {
                     .map(|(e, k)| {
                         if k.as_ref() == Some(key) {
                             let bare = UnwindMapping {
+                                start: e.start,
+                                end: e.end,
                                 base: e.start,
-                                first_page: 0,
-                                page_count: 0,
-                                ..*e
+                                ..Default::default()
                             };
                             (bare, None)
                         } else {
@@ -646,6 +667,7 @@ impl TableStore {
             base,
             first_page: table.first_page,
             page_count: table.page_count,
+            frame_record_callers: table.frame_record_callers,
         })
     }
 
@@ -938,5 +960,34 @@ mod tests {
         let before = entry(&store);
         store.register(1, &[mapping(&libc, 0x20 << 32)]);
         assert_eq!(entry(&store), before, "the same mappings installed again");
+    }
+
+    #[test]
+    fn frame_record_ranges_become_offsets_from_the_table_base() {
+        let ranges = code_ranges(
+            &[
+                (0x40_1000, 0x40_2000),
+                // Below the base: left out; empty: left out.
+                (0x30_0000, 0x30_1000),
+                (0x40_5000, 0x40_5000),
+                (0x40_6000, 0x40_6100),
+            ],
+            0x40_0000,
+        );
+        assert_eq!(
+            ranges[0],
+            CodeRange {
+                start: 0x1000,
+                len: 0x1000
+            }
+        );
+        assert_eq!(
+            ranges[1],
+            CodeRange {
+                start: 0x6000,
+                len: 0x100
+            }
+        );
+        assert!(ranges[2..].iter().all(|r| r.len == 0));
     }
 }

@@ -41,6 +41,7 @@ use profiler_symbolize::shared_bytes::SharedBytes;
 use profiler_symbolize::{Frame, NameSource, Resolver};
 
 pub use error::GoError;
+pub(crate) use locate::go_minor;
 pub use locate::{PclntabSource, Strategy};
 pub use table::TableFormat;
 
