@@ -49,5 +49,5 @@ fuzz_target!(|data: &[u8]| {
         let _ = symbols.frames(pc);
         let _ = symbols.pcsp(pc);
     }
-    let _ = profiler_runtimes::go::unwind::rows_for(&symbols);
+    let _ = profiler_runtimes::go::unwind::rows_for(&symbols, None);
 });

@@ -127,7 +127,12 @@ impl RuntimeRows for Go {
         _cfi: Option<&ObjectTable>,
     ) -> Option<RuntimeTable> {
         let symbols = symbols_of(file, map)?;
-        let (table, start, end, frame_record_callers) = unwind::rows_for(&symbols)?;
+        use object::{Object, ObjectSection};
+        let text = file
+            .section_by_name(".text")
+            .and_then(|section| Some((section.address(), section.data().ok()?)));
+        let code = text.map(|(address, bytes)| unwind::Code { address, bytes });
+        let (table, start, end, frame_record_callers) = unwind::rows_for(&symbols, code)?;
         Some(RuntimeTable {
             table,
             ranges: vec![(start, end)],

@@ -93,8 +93,13 @@ const CGOCALLBACK: &str = "runtime.cgocallback";
 /// and where callers may be stepped by their frame record
 /// ([`frame_record_callers`]); None for an architecture whose rules are
 /// not written (32-bit).
+/// `text` is the code (its address and bytes) when the file's `.text`
+/// could be read.
 #[allow(clippy::type_complexity)]
-pub fn rows_for(symbols: &GoSymbols) -> Option<(ObjectTable, u64, u64, Vec<(u64, u64)>)> {
+pub fn rows_for(
+    symbols: &GoSymbols,
+    text: Option<Code<'_>>,
+) -> Option<(ObjectTable, u64, u64, Vec<(u64, u64)>)> {
     let arch = match (symbols.pc_quantum(), symbols.pointer_size()) {
         (1, 8) => Arch::X86_64,
         (4, 8) => Arch::Aarch64,
@@ -117,7 +122,7 @@ pub fn rows_for(symbols: &GoSymbols) -> Option<(ObjectTable, u64, u64, Vec<(u64,
     let start = functions.first()?.entry;
     let end = functions.iter().map(|f| f.end).max()?;
     let minor = symbols.version().and_then(super::pclntab::go_minor);
-    let callers = frame_record_callers(&functions, arch, minor);
+    let callers = frame_record_callers(&functions, arch, minor, text);
     Some((rows(&functions, arch), start, end, callers))
 }
 
@@ -133,15 +138,18 @@ pub fn rows_for(symbols: &GoSymbols) -> Option<(ObjectTable, u64, u64, Vec<(u64,
 /// function could call without one, and it is not marked in the binary).
 /// Left out: functions whose step is special (roots, stack switchers,
 /// signal handlers and restorers, cgo's crossings, faked calls, anything
-/// marked TOPFRAME or SPWRITE), and assembly without a frame, which may
-/// call (NOFRAME) and leave its caller's record in BP. Assembly with a
-/// frame had its record inserted by the assembler, as the pcsp rows
-/// already assume. arm64's frame record lies below the frame, so a
-/// record does not give the caller's SP there: tables on every frame.
+/// marked TOPFRAME or SPWRITE, and the byte before a function whose rule
+/// starts there), and assembly whose code does not begin its frame with
+/// the assembler's `PUSHQ BP; MOVQ SP, BP`: NOFRAME assembly may call
+/// with its caller's BP (Go 1.21's `crosscall2` pushes the flags and
+/// registers and calls cgocallback with the C caller's BP). arm64's
+/// frame record lies below the frame, so a record does not give the
+/// caller's SP there: tables on every frame.
 pub fn frame_record_callers(
     functions: &[GoFunctionUnwind],
     arch: Arch,
     go_minor: Option<u32>,
+    text: Option<Code<'_>>,
 ) -> Vec<(u64, u64)> {
     if arch != Arch::X86_64
         || go_minor.is_none_or(|minor| minor < 21)
@@ -155,9 +163,18 @@ pub fn frame_record_callers(
     };
     let mut gaps: Vec<(u64, u64)> = Vec::new();
     let mut from = first.entry;
-    for function in functions.iter().filter(|f| !steps_by_frame_record(f)) {
-        if function.entry > from {
-            gaps.push((from, function.entry));
+    for function in functions.iter().filter(|f| !steps_by_frame_record(f, text)) {
+        // A restorer's rule, and systemstack_switch's, also covers the
+        // byte before it (see `rows`): a return address there is looked
+        // up in the function before.
+        let name = function.name.as_str();
+        let start = if SIGNAL_RESTORERS.contains(&name) || name == "runtime.systemstack_switch" {
+            function.entry.saturating_sub(1)
+        } else {
+            function.entry
+        };
+        if start > from {
+            gaps.push((from, start));
         }
         from = from.max(function.end);
     }
@@ -181,9 +198,35 @@ fn frame_record_callers_wanted() -> bool {
     })
 }
 
+/// A binary's code: the address of its first byte, and its bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Code<'a> {
+    pub address: u64,
+    pub bytes: &'a [u8],
+}
+
+impl<'a> Code<'a> {
+    /// The bytes at `address`, `len` of them, when the code holds them.
+    fn at(self, address: u64, len: usize) -> Option<&'a [u8]> {
+        let start = usize::try_from(address.checked_sub(self.address)?).ok()?;
+        self.bytes.get(start..start.checked_add(len)?)
+    }
+}
+
+/// Whether an assembly function's frame begins with the frame record the
+/// assembler inserts: `PUSHQ BP` (55) ending where its SP delta first
+/// becomes 8, then `MOVQ SP, BP` (48 89 e5).
+fn pushes_frame_record(function: &GoFunctionUnwind, text: Option<Code<'_>>) -> bool {
+    let Some(&(pushed, _, _)) = function.pcsp.iter().find(|&&(_, _, delta)| delta == 8) else {
+        return false;
+    };
+    text.and_then(|code| code.at(pushed.checked_sub(1)?, 4))
+        .is_some_and(|bytes| bytes == [0x55, 0x48, 0x89, 0xe5])
+}
+
 /// Whether `function`, as a caller on x86-64 (Go 1.21+), unwinds by its
 /// frame record (see [`frame_record_callers`]).
-fn steps_by_frame_record(function: &GoFunctionUnwind) -> bool {
+fn steps_by_frame_record(function: &GoFunctionUnwind, text: Option<Code<'_>>) -> bool {
     let name = function.name.as_str();
     let special = [
         ROOT_FUNCTIONS,
@@ -200,7 +243,11 @@ fn steps_by_frame_record(function: &GoFunctionUnwind) -> bool {
         && function.flag & (FUNC_FLAG_TOPFRAME | FUNC_FLAG_SPWRITE) == 0
         && !function.pcsp.is_empty()
         && function.pcsp.iter().all(|&(_, _, delta)| delta >= 0)
-        && (framed || function.flag & FUNC_FLAG_ASM == 0)
+        && if function.flag & FUNC_FLAG_ASM != 0 {
+            framed && pushes_frame_record(function, text)
+        } else {
+            true
+        }
 }
 
 /// Where asmcgocall keeps the goroutine's stack depth and g on the system
@@ -650,8 +697,34 @@ mod tests {
         )
     }
 
+    /// Assembly with a frame whose first instruction is `push_byte` and
+    /// then `MOVQ SP, BP`'s bytes; its code is written into `code`.
+    fn framed_asm(
+        name: &str,
+        entry: u64,
+        end: u64,
+        flag: u8,
+        push_byte: u8,
+        code: &mut [u8],
+    ) -> GoFunctionUnwind {
+        let at = (entry - 0x1000) as usize;
+        code[at..at + 4].copy_from_slice(&[push_byte, 0x48, 0x89, 0xe5]);
+        function(
+            name,
+            entry,
+            end,
+            flag | FUNC_FLAG_ASM,
+            &[
+                (entry, entry + 1, 0),
+                (entry + 1, entry + 4, 8),
+                (entry + 4, end, 24),
+            ],
+        )
+    }
+
     #[test]
     fn callers_step_by_frame_record_between_the_functions_that_may_not() {
+        let mut code = vec![0xccu8; 0x700];
         let functions = [
             framed("main.a", 0x1000, 0x1100, 0),
             // A frameless Go function: a leaf (the compiler gives every
@@ -666,8 +739,8 @@ mod tests {
                 FUNC_FLAG_ASM,
                 &[(0x1200, 0x1300, 0)],
             ),
-            // Assembly with a frame has the record the assembler put in.
-            framed("crypto/sha256.block", 0x1300, 0x1400, FUNC_FLAG_ASM),
+            // Assembly whose frame begins with the assembler's record.
+            framed_asm("crypto/sha256.block", 0x1300, 0x1400, 0, 0x55, &mut code),
             // Special steps: by name and by flag.
             framed("runtime.sigpanic", 0x1400, 0x1480, 0),
             framed(
@@ -684,23 +757,45 @@ mod tests {
                 FUNC_FLAG_ASM | FUNC_FLAG_TOPFRAME,
             ),
             framed("main.d", 0x1610, 0x1640, 0),
+            // Go 1.21's crosscall2: NOFRAME, its first push the flags
+            // (PUSHFQ, 9c), then a call with the C caller's BP.
+            framed_asm("crosscall2", 0x1640, 0x1680, 0, 0x9c, &mut code),
+            framed("main.e", 0x1680, 0x16c0, 0),
+            // A restorer's rule covers the byte before it too.
+            function(
+                "runtime.sigreturn__sigaction",
+                0x16c0,
+                0x16d0,
+                FUNC_FLAG_ASM,
+                &[],
+            ),
+            framed("main.f", 0x16d0, 0x1700, 0),
         ];
-        let ranges = frame_record_callers(&functions, Arch::X86_64, Some(27));
+        let text = Some(Code {
+            address: 0x1000,
+            bytes: &code,
+        });
+        let ranges = frame_record_callers(&functions, Arch::X86_64, Some(27), text);
         assert_eq!(
             ranges,
             vec![
                 (0x1000, 0x1200),
                 (0x1300, 0x1400),
                 (0x1500, 0x1600),
-                (0x1610, 0x1640)
+                (0x1610, 0x1640),
+                (0x1680, 0x16bf),
+                (0x16d0, 0x1700)
             ]
         );
+        // Without the code, no assembly is trusted.
+        let blind = frame_record_callers(&functions, Arch::X86_64, Some(27), None);
+        assert!(!blind.contains(&(0x1300, 0x1400)), "{blind:x?}");
         // Before Go 1.21 a frameless nosplit function could call; arm64's
         // record does not give the caller's SP; without a version, no
         // promise.
-        assert!(frame_record_callers(&functions, Arch::X86_64, Some(20)).is_empty());
-        assert!(frame_record_callers(&functions, Arch::X86_64, None).is_empty());
-        assert!(frame_record_callers(&functions, Arch::Aarch64, Some(27)).is_empty());
+        assert!(frame_record_callers(&functions, Arch::X86_64, Some(20), text).is_empty());
+        assert!(frame_record_callers(&functions, Arch::X86_64, None, text).is_empty());
+        assert!(frame_record_callers(&functions, Arch::Aarch64, Some(27), text).is_empty());
     }
 
     #[test]
@@ -721,7 +816,7 @@ mod tests {
             ));
             at += 0x10;
         }
-        let ranges = frame_record_callers(&functions, Arch::X86_64, Some(21));
+        let ranges = frame_record_callers(&functions, Arch::X86_64, Some(21), None);
         assert_eq!(ranges.len(), FRAME_RECORD_RANGES);
         // Sorted by address, the two smallest (first) left out.
         assert!(ranges.windows(2).all(|w| w[0].1 <= w[1].0));
