@@ -1,6 +1,6 @@
 //! Function names from the ELF symbol tables (`.symtab`, then `.dynsym`).
 
-use object::{Object, ObjectSection, ObjectSymbol, SectionKind, SymbolKind};
+use object::{Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, SectionKind, SymbolKind};
 
 use super::super::FileBytes;
 use super::super::demangle::demangle;
@@ -17,6 +17,8 @@ struct Entry {
     name_len: u32,
     /// From `.dynsym` rather than `.symtab`.
     dynamic: bool,
+    /// A PLT stub, named after the function it jumps to (`name@plt`).
+    plt: bool,
 }
 
 /// A sorted table of function symbols. Names stay in the file's bytes
@@ -104,11 +106,17 @@ impl ElfSymbols {
                 name_offset: offset as u64,
                 name_len: u32::try_from(name.len()).unwrap_or(0),
                 dynamic,
+                plt: false,
             };
             raw.push((entry.address, entry.size, symbol.is_global(), entry));
         };
         file.symbols().for_each(|s| take(s, false));
         file.dynamic_symbols().for_each(|s| take(s, true));
+        // After every symbol, so that a symbol of the table's own at a
+        // stub's address wins.
+        for entry in plt_stubs(file, base, bytes.len()) {
+            raw.push((entry.address, entry.size, false, entry));
+        }
 
         // Stable sort keeps .symtab before .dynsym at equal keys; globals first.
         raw.sort_by_key(|&(address, _, global, _)| (address, !global));
@@ -157,18 +165,27 @@ impl ElfSymbols {
         if entry.size != 0 && address - entry.address >= entry.size {
             return None;
         }
-        let raw = self.raw_name(entry)?;
-        let name = demangle(raw);
-        let system = (name != raw).then_some(raw);
+        let (name, system) = self.name_of(entry)?;
         Some((name, system, entry))
+    }
+
+    /// `entry`'s name, demangled, and the mangled one when it differs.
+    fn name_of(&self, entry: &Entry) -> Option<(String, Option<&str>)> {
+        let raw = self.raw_name(entry)?;
+        let mut name = demangle(raw);
+        let system = (name != raw).then_some(raw);
+        if entry.plt {
+            name.push_str("@plt");
+        }
+        Some((name, system))
     }
 
     /// Every name, demangled, in address order.
     pub fn names(&self) -> impl Iterator<Item = String> + '_ {
         self.entries
             .iter()
-            .filter_map(|e| self.raw_name(e))
-            .map(demangle)
+            .filter_map(|e| self.name_of(e))
+            .map(|(name, _)| name)
     }
 }
 
@@ -193,6 +210,113 @@ impl Resolver for ElfSymbols {
             source,
         }])
     }
+}
+
+/// The PLT's stubs, each named as objdump names it: after the dynamic
+/// symbol of the relocation that fills the GOT slot the stub jumps
+/// through (`.rela.plt`, or `.rela.dyn` for x86-64's `.plt.got`). The
+/// slot is decoded from the stub's own instructions: the n-th stub is not
+/// the n-th relocation (libc's IRELATIVE stubs come first, their
+/// relocations do not). A stub whose slot has no named relocation (an
+/// IRELATIVE one) or whose code is not a known stub is left unnamed.
+fn plt_stubs(file: &object::File<'_>, base: usize, len: usize) -> Vec<Entry> {
+    use std::collections::HashMap;
+    let stub_slot: fn(&[u8], u64) -> Option<u64> = match file.architecture() {
+        object::Architecture::X86_64 => x86_64_stub_slot,
+        object::Architecture::Aarch64 => aarch64_stub_slot,
+        _ => return Vec::new(),
+    };
+    let (Some(relocations), Some(dynamic)) =
+        (file.dynamic_relocations(), file.dynamic_symbol_table())
+    else {
+        return Vec::new();
+    };
+    let symbol_of_slot: HashMap<u64, object::SymbolIndex> = relocations
+        .filter_map(|(slot, relocation)| match relocation.target() {
+            object::RelocationTarget::Symbol(index) if index.0 != 0 => Some((slot, index)),
+            _ => None,
+        })
+        .collect();
+    let mut entries = Vec::new();
+    for section in file.sections() {
+        if !matches!(section.name(), Ok(".plt" | ".plt.sec" | ".plt.got")) {
+            continue;
+        }
+        let Ok(code) = section.data() else { continue };
+        // Stubs are 16 bytes, but for x86-64's `.plt.got` without IBT
+        // (`jmp *slot(%rip)` and a 2-byte nop). The PLT's header, and the
+        // lazy-binding entries of an IBT `.plt`, decode as no stub.
+        let step = if section.name() == Ok(".plt.got") && !code.starts_with(&ENDBR64) {
+            8
+        } else {
+            16
+        };
+        for (n, stub) in code.chunks_exact(step).enumerate() {
+            let address = section.address() + (n * step) as u64;
+            let Some(index) = stub_slot(stub, address).and_then(|slot| symbol_of_slot.get(&slot))
+            else {
+                continue;
+            };
+            let Ok(name) = dynamic.symbol_by_index(*index).and_then(|s| s.name()) else {
+                continue;
+            };
+            let offset = (name.as_ptr() as usize).wrapping_sub(base);
+            if name.is_empty() || offset.checked_add(name.len()).is_none_or(|end| end > len) {
+                continue;
+            }
+            entries.push(Entry {
+                address,
+                size: step as u64,
+                name_offset: offset as u64,
+                name_len: u32::try_from(name.len()).unwrap_or(0),
+                dynamic: true,
+                plt: true,
+            });
+        }
+    }
+    entries
+}
+
+/// `endbr64`, which begins every stub of an IBT-enabled x86-64 PLT.
+const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
+
+/// The GOT slot an x86-64 stub at `address` jumps through:
+/// `[endbr64] [bnd] jmp *disp32(%rip)`.
+fn x86_64_stub_slot(stub: &[u8], address: u64) -> Option<u64> {
+    let mut at = if stub.starts_with(&ENDBR64) { 4 } else { 0 };
+    if stub.get(at) == Some(&0xf2) {
+        at += 1; // bnd
+    }
+    if stub.get(at..at + 2)? != [0xff, 0x25] {
+        return None;
+    }
+    let displacement = i32::from_le_bytes(stub.get(at + 2..at + 6)?.try_into().ok()?);
+    let next = address.checked_add(at as u64 + 6)?;
+    Some(next.wrapping_add(i64::from(displacement) as u64))
+}
+
+/// The GOT slot an arm64 stub at `address` loads its target from:
+/// `adrp x16, page; ldr x17, [x16, #offset]` (after a `bti c` where BTI
+/// is on).
+fn aarch64_stub_slot(stub: &[u8], address: u64) -> Option<u64> {
+    const BTI_C: u32 = 0xd503_245f;
+    let word = |i: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(
+            stub.get(i * 4..i * 4 + 4)?.try_into().ok()?,
+        ))
+    };
+    let first = usize::from(word(0)? == BTI_C);
+    let (adrp, ldr) = (word(first)?, word(first + 1)?);
+    // adrp x16 (Rd = 16), then ldr x17, [x16, #imm12 * 8].
+    if adrp & 0x9f00_001f != 0x9000_0010 || ldr & 0xffc0_03ff != 0xf940_0211 {
+        return None;
+    }
+    let immediate = (u64::from(adrp >> 5) & 0x7_ffff) << 2 | (u64::from(adrp >> 29) & 3);
+    // 21 bits, signed, in pages.
+    let pages = ((immediate << 43) as i64) >> 43;
+    let at = address + (first as u64) * 4;
+    let page = (at & !0xfff).wrapping_add((pages << 12) as u64);
+    Some(page.wrapping_add(u64::from((ldr >> 10) & 0xfff) * 8))
 }
 
 #[cfg(test)]
@@ -327,37 +451,84 @@ mod tests {
         }
     }
 
-    /// The PLT has no symbols of its own: a sizeless symbol before it (crti's
-    /// `_init`, in .init) must not name its stubs.
+    /// The PLT has no symbols of its own: its stubs are named as objdump
+    /// names them (`clock_gettime@plt`), on x86-64 and arm64, in a program
+    /// and in libc (whose IRELATIVE stubs, which objdump calls
+    /// `*ABS*+0x...@plt`, come before the named ones and stay unnamed), and
+    /// never after the sizeless symbol before them (crti's `_init`).
     #[test]
-    fn plt_stubs_are_not_named_after_the_sizeless_symbol_before_them() {
-        use object::{Object, ObjectSection};
+    fn plt_stubs_are_named_as_objdump_names_them() {
         let dir = tempfile::tempdir().unwrap();
-        let binary = compile("cc", "c/offcpu.c", &["-O2", "-pthread"], dir.path());
-        let symbols = symbols_of(&binary);
-        let data = std::fs::read(&binary).unwrap();
-        let file = object::File::parse(&*data).unwrap();
-        let init = nm(&binary, false)
-            .into_iter()
-            .find(|(.., n)| n == "_init")
-            .expect("crti's _init in the fixture");
-        assert_eq!(
-            symbols.lookup(init.0).map(|l| l.0).as_deref(),
-            Some("_init")
-        );
-        let mut checked = 0;
-        for section in file.sections() {
-            let Ok(name) = section.name() else { continue };
-            if !name.starts_with(".plt") {
-                continue;
-            }
-            for address in (section.address()..section.address() + section.size()).step_by(4) {
-                let found = symbols.lookup(address).map(|l| l.0);
-                assert_ne!(found.as_deref(), Some("_init"), "{name} at {address:#x}");
-                checked += 1;
-            }
+        let mut objects = Vec::new();
+        for (compiler, objdump) in [
+            ("cc", "objdump"),
+            ("aarch64-linux-gnu-gcc", "aarch64-linux-gnu-objdump"),
+        ] {
+            let out = dir.path().join(compiler);
+            std::fs::create_dir_all(&out).unwrap();
+            let binary = compile(compiler, "c/offcpu.c", &["-O2", "-pthread"], &out);
+            let init = nm(&binary, false)
+                .into_iter()
+                .find(|(.., n)| n == "_init")
+                .expect("crti's _init in the fixture");
+            assert_eq!(
+                symbols_of(&binary).lookup(init.0).map(|l| l.0).as_deref(),
+                Some("_init")
+            );
+            objects.push((binary, objdump, 10));
         }
-        assert!(checked > 0, "no .plt section in the fixture");
+        let libc = Command::new("cc")
+            .arg("-print-file-name=libc.so.6")
+            .output()
+            .expect("cc -print-file-name");
+        let libc = PathBuf::from(String::from_utf8(libc.stdout).unwrap().trim());
+        objects.push((libc, "objdump", 5));
+        for (object, objdump, at_least) in objects {
+            let symbols = symbols_of(&object);
+            let output = Command::new(objdump)
+                .arg("-d")
+                .arg(&object)
+                .output()
+                .unwrap_or_else(|e| panic!("running {objdump} (binutils): {e}"));
+            let text = String::from_utf8_lossy(&output.stdout);
+            // "0000000000001060 <clock_gettime@plt>:"
+            let stubs: Vec<(u64, &str)> = text
+                .lines()
+                .filter_map(|line| {
+                    let (address, rest) = line.split_once(" <")?;
+                    let name = rest.strip_suffix(">:")?;
+                    let address = u64::from_str_radix(address, 16).ok()?;
+                    name.ends_with("@plt").then_some((address, name))
+                })
+                .collect();
+            let mut named = 0;
+            for (address, name) in &stubs {
+                for at in [*address, address + 4] {
+                    let found = symbols.lookup(at).map(|l| l.0);
+                    if name.starts_with("*ABS*") {
+                        assert!(
+                            found.as_deref().is_none_or(|f| !f.ends_with("@plt")),
+                            "{}: {at:#x} ({name}) named {found:?}",
+                            object.display()
+                        );
+                    } else {
+                        assert_eq!(
+                            found.as_deref(),
+                            Some(*name),
+                            "{}: {at:#x}",
+                            object.display()
+                        );
+                        named += 1;
+                    }
+                }
+            }
+            assert!(
+                named >= 2 * at_least,
+                "{}: {named} stub addresses named of {} stubs",
+                object.display(),
+                stubs.len()
+            );
+        }
     }
 
     #[test]
