@@ -137,7 +137,7 @@ fn build_unguarded(
         };
         (table, stats, source)
     });
-    let runtime = runtimes
+    let mut runtime = runtimes
         .iter()
         .find_map(|r| r.rows(&file, map, cfi.as_ref().map(|(table, _, _)| table)));
     if cfi.is_none()
@@ -147,8 +147,8 @@ fn build_unguarded(
         cfi = debug_file_rows(&file, &search);
     }
     let frame_record_callers = runtime
-        .as_ref()
-        .map(|r| r.frame_record_callers.clone())
+        .as_mut()
+        .map(|r| std::mem::take(&mut r.frame_record_callers))
         .unwrap_or_default();
     let (table, source, stats) = match (runtime, cfi) {
         (Some(runtime), Some((cfi, stats, _))) => (

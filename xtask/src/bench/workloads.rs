@@ -22,7 +22,8 @@ pub enum Workload {
     FramePointers,
 }
 
-/// The Go service's binary built with the newest Go (`tools::build`).
+/// The Go service's binary built with the newest Go
+/// (`tools::build_workloads`).
 pub const GO_SERVICE_NEW_GO: &str = "goservice-go1.27";
 
 impl Workload {
