@@ -19,6 +19,12 @@ use cargo_metadata::{Message, diagnostic::DiagnosticLevel};
 /// The BPF crate, built as a package of this workspace.
 const PACKAGE: &str = "profiler-ebpf";
 
+/// Functions the kernel must verify on their own (global functions; see
+/// `profiler_walk_step` in profiler-ebpf's unwind.rs). bpf-linker makes
+/// every symbol it is not told to export internal, and the kernel then
+/// verifies a function inside each of its callers.
+const GLOBAL_FUNCTIONS: &[&str] = &["profiler_walk_step", "profiler_go_labels"];
+
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=CARGO_FEATURE_OBJECTS");
     if std::env::var_os("CARGO_FEATURE_OBJECTS").is_none() {
@@ -62,7 +68,11 @@ fn build(out_dir: &Path) -> anyhow::Result<()> {
         .arg(&target_dir)
         .env(
             "CARGO_ENCODED_RUSTFLAGS",
-            format!("--cfg=bpf_target_arch=\"{arch}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf"),
+            format!(
+                "--cfg=bpf_target_arch=\"{arch}\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf\x1f\
+                 -Clink-arg=--export={}",
+                GLOBAL_FUNCTIONS.join(",")
+            ),
         )
         // The outer build's compiler is stable; the nested one must be
         // rustup's nightly.

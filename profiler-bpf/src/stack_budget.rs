@@ -284,7 +284,8 @@ mod tests {
         );
         assert!(sampler.bytes > 256, "{sampler:?}");
         // Each function rounded up on its own, then added: with 256-byte
-        // rounding the program (over 256) and its callback take 768.
+        // rounding the program, its callback and the step the callback
+        // calls (a global function, on the same stack) take 768.
         let coarse = super::chains(crate::SAMPLING_OBJECT, 256).unwrap();
         let sampler = coarse.iter().find(|c| c.program == "sample_stack").unwrap();
         assert_eq!(sampler.bytes, 768, "{sampler:?}");

@@ -6,9 +6,12 @@
 //! `.debug_frame` CFI, signal trampolines), else by the frame pointer. The
 //! layout of the tables and the cost of a lookup are described in
 //! `profiler_common::unwind`. `bpf_loop` keeps the verifier's work to one
-//! step; the walk's state lives in a per-CPU map and reaches each step
-//! through the loop's context pointer, so a step does no map lookup of its
-//! own besides the table's array reads. The rules found are kept in that
+//! step, and the step is a global function (`profiler_walk_step`) that the
+//! kernel verifies on its own: kernels that treat a loop callback as a
+//! loop prune none of its states until the loop converges. The walk's
+//! state lives in a per-CPU map and reaches each step through the loop's
+//! context pointer, so a step does no map lookup of its own besides the
+//! table's array reads. The rules found are kept in that
 //! state for the next samples (`WalkState::rule_cache`): a service's stacks
 //! return to the same few hundred addresses, and most lookups end there.
 
@@ -181,16 +184,44 @@ pub fn walk_user_stack(
 const CONTINUE: i64 = 0;
 const STOP: i64 = 1;
 
+/// `bpf_loop`'s callback: one frame, by `profiler_walk_step`.
+extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: `context` is the StepContext on walk_user_stack's stack.
+    let context = unsafe { &*(context as *const StepContext) };
+    // The verifier knows nothing of a global function's result, and a
+    // callback must return 0 or 1.
+    let stepped = profiler_walk_step(context.state, context.sample);
+    // SAFETY: a local; the volatile read keeps the compiler, which sees
+    // the function's body, from folding the test away.
+    if unsafe { core::ptr::read_volatile(&stepped) } == CONTINUE {
+        CONTINUE
+    } else {
+        STOP
+    }
+}
+
 /// One frame: record `pc`, then move to the caller. Returns STOP when the
 /// walk is over (with `state.end` saying why).
-extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
-    // SAFETY: `context` is the StepContext on walk_user_stack's stack, and
-    // its pointers are this CPU's walk state and scratch sample, ours
-    // while the program runs.
-    let (state, sample) = unsafe {
-        let context = &*(context as *const StepContext);
-        (&mut *context.state, &mut *context.sample)
-    };
+///
+/// A global function (exported to bpf-linker by profiler-bpf's build, so
+/// its BTF linkage stays global): the kernel verifies it once, on its
+/// own, with its pointers as any memory of their types' size that may be
+/// null, and each call only checks its arguments. Kernels with "bpf:
+/// bpf_scc_visit instance and backedges accumulation for bpf_loop()"
+/// (6.19.4, and backported) treat a `bpf_loop` callback as a loop and
+/// prune none of its states until the loop converges; with the frame's
+/// whole step inside the callback, the walker's branches ran the
+/// verifier past its million instructions. Verified apart, they are
+/// pruned as in any loop-free program, and the callback left is a call.
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub(crate) extern "C" fn profiler_walk_step(state: *mut WalkState, sample: *mut Sample) -> i64 {
+    if state.is_null() || sample.is_null() {
+        return STOP;
+    }
+    // SAFETY: the StepContext's pointers, this CPU's walk state and
+    // scratch sample, ours while the program runs.
+    let (state, sample) = unsafe { (&mut *state, &mut *sample) };
     // An eval loop activation's Python frames, one per iteration, before
     // its native caller is recorded (`runtimes::python`).
     if state.py_pending != 0 {

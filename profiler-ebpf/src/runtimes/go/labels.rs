@@ -94,6 +94,49 @@ pub fn enabled() -> bool {
 /// writes while this one runs (each program context has its own record).
 #[inline(always)]
 pub unsafe fn read(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32) -> Option<usize> {
+    let len = profiler_go_labels(pid, regs, block, slot);
+    // SAFETY: a local; the volatile read keeps the compiler, which sees
+    // the function's body, from folding the bounds check away: the
+    // verifier knows nothing of a global function's result.
+    let len = unsafe { core::ptr::read_volatile(&len) };
+    if len < 0 || len as usize > core::mem::size_of::<GoLabels>() {
+        return None;
+    }
+    Some(len as usize)
+}
+
+/// `read` as a global function (exported to bpf-linker by profiler-bpf's
+/// build, so its BTF linkage stays global): the length written, or -1.
+/// The kernel verifies it once, on its own, so its branches (each
+/// label's strings, each in the binary or copied) do not multiply the
+/// states of the program that calls it, and its locals are off the
+/// program's stack: inline, they took the sampling program to 352 bytes,
+/// which with the walk's loop callback and step came to 544 of the 512
+/// bytes arm64's 6.1 kernel allows (`profiler_bpf::stack_budget`).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub(crate) extern "C" fn profiler_go_labels(
+    pid: u32,
+    regs: *const UserRegs,
+    block: *mut GoLabels,
+    slot: u32,
+) -> i64 {
+    if regs.is_null() || block.is_null() {
+        return -1;
+    }
+    // SAFETY: the caller's promise (`read`), checked for null above.
+    match unsafe { read_labels(pid, &*regs, block, slot) } {
+        Some(len) => len as i64,
+        None => -1,
+    }
+}
+
+/// `read`'s body.
+///
+/// # Safety
+/// As `read`.
+#[inline(always)]
+unsafe fn read_labels(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32) -> Option<usize> {
     // SAFETY: read in place: a copy cost the off-CPU program stack it does
     // not have. The values are offsets for checked reads of user memory:
     // an entry user space rewrites meanwhile misdirects only those.
