@@ -84,14 +84,8 @@ fn kind(labels: &HashMap<String, String>) -> &'static str {
         Some("/search") => "search",
         Some("/wide") => "wide",
         Some(_) => "other",
-        // The wide label set has more labels than are copied: the ones
-        // kept may not include the endpoint (map order).
-        None if labels
-            .keys()
-            .any(|k| k.starts_with('k') || k == "long" || k == "const") =>
-        {
-            "wide"
-        }
+        // The wide label set's kept labels may leave out its endpoint.
+        None if is_wide_label_set(labels) => "wide",
         None => "none",
     }
 }

@@ -201,15 +201,9 @@ fn go_signal_handlers_unwind_into_the_interrupted_goroutine() {
             // The handler runs on the signal goroutine; its samples carry
             // the labels of the goroutine it interrupted, as Go's own
             // profile does.
-            // The wide label set has more labels than are copied, and the
-            // ones kept may leave out its endpoint (map order), as
-            // go_labels allows too.
-            let wide = stack
-                .labels
-                .keys()
-                .any(|k| k.starts_with('k') || k == "long" || k == "const");
+            // The wide label set's kept labels may leave out its endpoint.
             let endpoint = match stack.labels.get("endpoint").map(String::as_str) {
-                None if wide => Some("/wide"),
+                None if is_wide_label_set(&stack.labels) => Some("/wide"),
                 endpoint => endpoint,
             };
             let expected: &[Option<&str>] = if stack.has("main.heavy") {

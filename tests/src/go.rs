@@ -95,3 +95,14 @@ pub fn build_go_fixture(
     go_command(&go, &workspace_root().join("tests/fixtures/go"), &args, env);
     out
 }
+
+/// Whether `labels` come from the Go fixtures' wide label set (`endpoint`
+/// `/wide`, `long`, `const` and `k1`..`k9`: more than the sampling program
+/// copies). The labels kept follow map order, so they may leave out the
+/// endpoint.
+pub fn is_wide_label_set(labels: &std::collections::HashMap<String, String>) -> bool {
+    labels.get("endpoint").map(String::as_str) == Some("/wide")
+        || labels
+            .keys()
+            .any(|k| k.starts_with('k') || k == "long" || k == "const")
+}
