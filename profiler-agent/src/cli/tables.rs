@@ -52,6 +52,10 @@ struct TableReport {
     unsupported_rows: u64,
     bad_fdes: u64,
     rules_at: Vec<RuleAt>,
+    /// Go binaries on x86-64: where a caller (a return address) is stepped
+    /// by its frame record instead of its rule, [start, end).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    frame_record_callers: Vec<CodeSpan>,
     /// Go binaries: where the runtime keeps goroutines and their pprof
     /// labels, as the sampling program will read them.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -99,6 +103,12 @@ fn go_runtime(data: &[u8]) -> Option<GoRuntime> {
 }
 
 #[derive(Serialize)]
+struct CodeSpan {
+    start: String,
+    end: String,
+}
+
+#[derive(Serialize)]
 struct RuleAt {
     address: String,
     rule: String,
@@ -136,6 +146,14 @@ pub fn run(args: &TablesArgs) -> anyhow::Result<()> {
             unsupported_rows: built.cfi.unsupported_rows,
             bad_fdes: built.cfi.bad_fdes,
             rules_at,
+            frame_record_callers: built
+                .frame_record_callers
+                .iter()
+                .map(|&(start, end)| CodeSpan {
+                    start: format!("{start:#x}"),
+                    end: format!("{end:#x}"),
+                })
+                .collect(),
             go_runtime: go_runtime(&data),
         });
     }
@@ -159,6 +177,17 @@ pub fn run(args: &TablesArgs) -> anyhow::Result<()> {
                 );
                 for at in &r.rules_at {
                     println!("  {}: {}", at.address, at.rule);
+                }
+                if !r.frame_record_callers.is_empty() {
+                    let spans: Vec<String> = r
+                        .frame_record_callers
+                        .iter()
+                        .map(|span| format!("[{}, {})", span.start, span.end))
+                        .collect();
+                    println!(
+                        "  Go callers stepped by their frame records in: {}",
+                        spans.join(" ")
+                    );
                 }
                 if let Some(go) = &r.go_runtime {
                     let agrees = match go.version_table_agrees {

@@ -132,10 +132,18 @@ pub fn rows_for(
 /// of `functions` (sorted by entry), the largest between the functions
 /// left out.
 ///
-/// Only on x86-64 and Go 1.21 or later. There the compiler gives every
+/// Only on x86-64, Go 1.19 or later. Since 1.21 the compiler gives every
 /// function that calls a frame, saves BP at CFA - 16 and points BP at it
-/// (cmd/internal/obj/x86/obj6.go; before 1.21 a frameless `nosplit`
-/// function could call without one, and it is not marked in the binary).
+/// (cmd/internal/obj/x86/obj6.go). Before 1.21 the same file left out a
+/// frameless `nosplit` function even when it calls ("scary runtime
+/// internals": in a Go 1.19 binary, ABI wrappers such as
+/// `runtime.osyield` and a dozen assembly functions): such a caller has
+/// no record, and stepping it by the callee's would skip its own caller.
+/// Nosplit is not marked in the binary, so there every frameless Go
+/// function whose code may call ([`may_call`]) is left out too; a
+/// frameless function that does not call is a leaf, never a caller.
+/// Go 1.17 and 1.18 (the first with `_func.flag`) are not trusted: no
+/// toolchain of theirs was at hand to check against.
 /// Left out: functions whose step is special (roots, stack switchers,
 /// signal handlers and restorers, cgo's crossings, faked calls, anything
 /// marked TOPFRAME or SPWRITE, and the byte before a function whose rule
@@ -151,19 +159,23 @@ pub fn frame_record_callers(
     go_minor: Option<u32>,
     text: Option<Code<'_>>,
 ) -> Vec<(u64, u64)> {
-    if arch != Arch::X86_64
-        || go_minor.is_none_or(|minor| minor < 21)
-        || !frame_record_callers_wanted()
-    {
+    let Some(minor) = go_minor else {
+        return Vec::new();
+    };
+    if arch != Arch::X86_64 || minor < 19 || !frame_record_callers_wanted() {
         return Vec::new();
     }
+    let frameless_may_call = minor < 21;
     let (Some(first), Some(end)) = (functions.first(), functions.iter().map(|f| f.end).max())
     else {
         return Vec::new();
     };
     let mut gaps: Vec<(u64, u64)> = Vec::new();
     let mut from = first.entry;
-    for function in functions.iter().filter(|f| !steps_by_frame_record(f, text)) {
+    for function in functions
+        .iter()
+        .filter(|f| !steps_by_frame_record(f, text, frameless_may_call))
+    {
         // A restorer's rule, and systemstack_switch's, also covers the
         // byte before it (see `rows`): a return address there is looked
         // up in the function before.
@@ -214,19 +226,59 @@ impl<'a> Code<'a> {
 }
 
 /// Whether an assembly function's frame begins with the frame record the
-/// assembler inserts: `PUSHQ BP` (55) ending where its SP delta first
-/// becomes 8, then `MOVQ SP, BP` (48 89 e5).
+/// assembler inserts. Since Go 1.21: `PUSHQ BP` (55) ending where its SP
+/// delta first becomes 8, then `MOVQ SP, BP` (48 89 e5). Before: `SUBQ
+/// $n, SP` ending where the delta first becomes n, then `MOVQ BP,
+/// n-8(SP)` and `LEAQ n-8(SP), BP` (48 89 6c 24 / 48 8d 6c 24 and an
+/// 8-bit offset; ac 24 and 32 bits from 128), the same record at CFA - 16.
 fn pushes_frame_record(function: &GoFunctionUnwind, text: Option<Code<'_>>) -> bool {
-    let Some(&(pushed, _, _)) = function.pcsp.iter().find(|&&(_, _, delta)| delta == 8) else {
+    let Some(code) = text else {
         return false;
     };
-    text.and_then(|code| code.at(pushed.checked_sub(1)?, 4))
-        .is_some_and(|bytes| bytes == [0x55, 0x48, 0x89, 0xe5])
+    let pushed = function
+        .pcsp
+        .iter()
+        .find(|&&(_, _, delta)| delta == 8)
+        .and_then(|&(pushed, _, _)| code.at(pushed.checked_sub(1)?, 4))
+        .is_some_and(|bytes| bytes == [0x55, 0x48, 0x89, 0xe5]);
+    pushed || saves_frame_record_after_subq(function, code)
 }
 
-/// Whether `function`, as a caller on x86-64 (Go 1.21+), unwinds by its
-/// frame record (see [`frame_record_callers`]).
-fn steps_by_frame_record(function: &GoFunctionUnwind, text: Option<Code<'_>>) -> bool {
+/// The frame record of Go's assembler before 1.21 (see
+/// [`pushes_frame_record`]).
+fn saves_frame_record_after_subq(function: &GoFunctionUnwind, code: Code<'_>) -> bool {
+    let Some(&(framed, _, delta)) = function.pcsp.iter().find(|&&(_, _, delta)| delta > 0) else {
+        return false;
+    };
+    let slot = delta - 8;
+    let expected: Vec<u8> = match u8::try_from(slot) {
+        Ok(slot) if slot < 0x80 => {
+            [0x48, 0x89, 0x6c, 0x24, slot, 0x48, 0x8d, 0x6c, 0x24, slot].into()
+        }
+        _ if slot > 0 => {
+            let slot = slot.to_le_bytes();
+            [
+                [0x48, 0x89, 0xac, 0x24],
+                slot,
+                [0x48, 0x8d, 0xac, 0x24],
+                slot,
+            ]
+            .concat()
+        }
+        _ => return false,
+    };
+    code.at(framed, expected.len())
+        .is_some_and(|bytes| bytes == expected.as_slice())
+}
+
+/// Whether `function`, as a caller on x86-64, unwinds by its frame record
+/// (see [`frame_record_callers`]). `frameless_may_call`: before Go 1.21,
+/// where a frameless Go function may call.
+fn steps_by_frame_record(
+    function: &GoFunctionUnwind,
+    text: Option<Code<'_>>,
+    frameless_may_call: bool,
+) -> bool {
     let name = function.name.as_str();
     let special = [
         ROOT_FUNCTIONS,
@@ -246,8 +298,35 @@ fn steps_by_frame_record(function: &GoFunctionUnwind, text: Option<Code<'_>>) ->
         && if function.flag & FUNC_FLAG_ASM != 0 {
             framed && pushes_frame_record(function, text)
         } else {
-            true
+            framed || !frameless_may_call || !may_call(function, text)
         }
+}
+
+/// Whether `function`'s code may hold a call: a `CALL rel32` (e8) whose
+/// target lies in the code, or a `CALL r/m64` (ff /2) — any byte that
+/// could begin one, so data or an instruction's tail that looks like a
+/// call only leaves a function out. True when the code is not at hand.
+fn may_call(function: &GoFunctionUnwind, text: Option<Code<'_>>) -> bool {
+    let Some(code) = text else {
+        return true;
+    };
+    let Some(bytes) = function
+        .end
+        .checked_sub(function.entry)
+        .and_then(|len| code.at(function.entry, usize::try_from(len).ok()?))
+    else {
+        return true;
+    };
+    let code_end = code.address.saturating_add(code.bytes.len() as u64);
+    let direct = bytes.windows(5).enumerate().any(|(at, call)| {
+        let rel = i32::from_le_bytes([call[1], call[2], call[3], call[4]]);
+        let target = (function.entry + at as u64 + 5).wrapping_add_signed(i64::from(rel));
+        call[0] == 0xe8 && (code.address..code_end).contains(&target)
+    });
+    let indirect = bytes
+        .windows(2)
+        .any(|pair| pair[0] == 0xff && (pair[1] >> 3) & 7 == 2);
+    direct || indirect
 }
 
 /// Where asmcgocall keeps the goroutine's stack depth and g on the system
@@ -790,12 +869,93 @@ mod tests {
         // Without the code, no assembly is trusted.
         let blind = frame_record_callers(&functions, Arch::X86_64, Some(27), None);
         assert!(!blind.contains(&(0x1300, 0x1400)), "{blind:x?}");
-        // Before Go 1.21 a frameless nosplit function could call; arm64's
-        // record does not give the caller's SP; without a version, no
-        // promise.
-        assert!(frame_record_callers(&functions, Arch::X86_64, Some(20), text).is_empty());
+        // Before Go 1.19, no promise (1.17 and 1.18 unchecked); arm64's
+        // record does not give the caller's SP; without a version, none.
+        assert!(frame_record_callers(&functions, Arch::X86_64, Some(18), text).is_empty());
         assert!(frame_record_callers(&functions, Arch::X86_64, None, text).is_empty());
         assert!(frame_record_callers(&functions, Arch::Aarch64, Some(27), text).is_empty());
+    }
+
+    #[test]
+    fn before_go_1_21_a_frameless_function_that_calls_is_left_out() {
+        let mut code = vec![0xccu8; 0x300];
+        // runtime.osyield (an ABI wrapper, frameless and nosplit in Go
+        // 1.19): CALL main.a.
+        let rel = (0x1000i64 - (0x1100 + 5)) as i32;
+        code[0x100] = 0xe8;
+        code[0x101..0x105].copy_from_slice(&rel.to_le_bytes());
+        // An indirect call: CALL DX.
+        code[0x180..0x182].copy_from_slice(&[0xff, 0xd2]);
+        // Assembly framed by Go 1.19's assembler: SUBQ $0x78, SP (4
+        // bytes), MOVQ BP, 0x70(SP), LEAQ 0x70(SP), BP; and the same
+        // with a 0x1000-byte frame (SUBQ $0x1000, SP is 7 bytes).
+        code[0x200..0x20e].copy_from_slice(&[
+            0x48, 0x83, 0xec, 0x78, 0x48, 0x89, 0x6c, 0x24, 0x70, 0x48, 0x8d, 0x6c, 0x24, 0x70,
+        ]);
+        code[0x240..0x247].copy_from_slice(&[0x48, 0x81, 0xec, 0x00, 0x10, 0x00, 0x00]);
+        code[0x247..0x24f].copy_from_slice(&[0x48, 0x89, 0xac, 0x24, 0xf8, 0x0f, 0x00, 0x00]);
+        code[0x24f..0x257].copy_from_slice(&[0x48, 0x8d, 0xac, 0x24, 0xf8, 0x0f, 0x00, 0x00]);
+        // The same SUBQ without the save: left out.
+        code[0x280..0x284].copy_from_slice(&[0x48, 0x83, 0xec, 0x78]);
+        let functions = [
+            framed("main.a", 0x1000, 0x1100, 0),
+            function("runtime.osyield", 0x1100, 0x1110, 0, &[(0x1100, 0x1110, 0)]),
+            framed("main.b", 0x1110, 0x1180, 0),
+            function("main.indirect", 0x1180, 0x1190, 0, &[(0x1180, 0x1190, 0)]),
+            function("main.leaf", 0x1190, 0x11a0, 0, &[(0x1190, 0x11a0, 0)]),
+            framed("main.c", 0x11a0, 0x1200, 0),
+            function(
+                "runtime.gcWriteBarrier",
+                0x1200,
+                0x1240,
+                FUNC_FLAG_ASM,
+                &[(0x1200, 0x1204, 0), (0x1204, 0x1240, 0x78)],
+            ),
+            function(
+                "main.bigFrame",
+                0x1240,
+                0x1280,
+                FUNC_FLAG_ASM,
+                &[(0x1240, 0x1247, 0), (0x1247, 0x1280, 0x1000)],
+            ),
+            function(
+                "main.unsaved",
+                0x1280,
+                0x12c0,
+                FUNC_FLAG_ASM,
+                &[(0x1280, 0x1284, 0), (0x1284, 0x12c0, 0x78)],
+            ),
+            framed("main.d", 0x12c0, 0x1300, 0),
+        ];
+        let text = Some(Code {
+            address: 0x1000,
+            bytes: &code,
+        });
+        assert_eq!(
+            frame_record_callers(&functions, Arch::X86_64, Some(19), text),
+            vec![
+                (0x1000, 0x1100),
+                (0x1110, 0x1180),
+                (0x1190, 0x1280),
+                (0x12c0, 0x1300)
+            ]
+        );
+        // Since 1.21 a frameless function does not call.
+        assert_eq!(
+            frame_record_callers(&functions, Arch::X86_64, Some(21), text),
+            vec![(0x1000, 0x1280), (0x12c0, 0x1300)]
+        );
+        // Without the code, every frameless Go function and all assembly
+        // is left out.
+        assert_eq!(
+            frame_record_callers(&functions, Arch::X86_64, Some(20), None),
+            vec![
+                (0x1000, 0x1100),
+                (0x1110, 0x1180),
+                (0x11a0, 0x1200),
+                (0x12c0, 0x1300)
+            ]
+        );
     }
 
     #[test]

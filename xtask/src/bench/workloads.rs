@@ -13,8 +13,7 @@ use super::process::{Managed, log_tail};
 pub enum Workload {
     GoService,
     /// The Go service built with the newest Go the setup installs (only
-    /// side by side with bpftrace: the agent steps Go 1.21+ callers by
-    /// their frame records).
+    /// side by side with bpftrace, beside the Go 1.19 build).
     GoServiceNewGo,
     Syscalls,
     DeepStacks,
