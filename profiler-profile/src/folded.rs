@@ -13,25 +13,31 @@ pub fn stack_line(profile: &Profile, sample: &Sample) -> String {
     let mut line = String::new();
     for key in &profile.stack_labels {
         if let Some(value) = sample.label(key) {
-            line.push_str(&format!("{key}={value}").replace(';', ":"));
+            push_clean(&mut line, &format!("{key}={value}"));
             line.push(';');
         }
     }
-    line.push_str(
-        &sample
-            .label("comm")
-            .unwrap_or("[unknown]")
-            .replace(';', ":"),
-    );
+    push_clean(&mut line, sample.label("comm").unwrap_or("[unknown]"));
     for (name, kernel) in profile.stack_names(sample) {
         line.push(';');
-        // ';' separates frames and ' ' the count: keep names unambiguous.
-        line.push_str(&name.replace(';', ":"));
+        push_clean(&mut line, name);
         if kernel {
             line.push_str("_[k]");
         }
     }
     line
+}
+
+/// Appends `text` to a folded line: ';' (which separates frames) as ':',
+/// and control characters (a newline would end the line; a process sets
+/// its own comm and may forge its runtime's names) as '?'. The count's
+/// space is found from the right by every reader, so spaces stay.
+fn push_clean(line: &mut String, text: &str) {
+    line.extend(text.chars().map(|c| match c {
+        ';' => ':',
+        c if c.is_control() => '?',
+        c => c,
+    }));
 }
 
 /// The whole profile as folded text, identical stacks merged, sorted;

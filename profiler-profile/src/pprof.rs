@@ -408,6 +408,19 @@ mod tests {
     }
 
     #[test]
+    fn a_forged_name_or_comm_stays_on_its_folded_line() {
+        let mut profile = sample_profile();
+        profile.functions[1].name = "hot\nfake;stack 99".into();
+        profile.samples[0].labels = vec![("comm".into(), "ev\nil;1\0".into())].into();
+        let folded = crate::folded::encode(&profile);
+        assert_eq!(folded.lines().count(), 1, "{folded}");
+        assert!(
+            folded.starts_with("ev?il:1?;") && folded.contains(";hot?fake:stack 99 3\n"),
+            "{folded}"
+        );
+    }
+
+    #[test]
     fn streamed_samples_decode_to_the_whole_message() {
         let mut profile = sample_profile();
         let mut other = profile.samples[0].clone();

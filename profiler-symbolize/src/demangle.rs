@@ -1,18 +1,21 @@
 //! Demangling of Rust and C++ symbol names.
 
+use crate::printable;
+
 /// The readable form of `name`: Rust (legacy and v0) without the hash
-/// suffix, C++ through the Itanium ABI, anything else unchanged.
+/// suffix, C++ through the Itanium ABI, anything else unchanged; control
+/// characters (which a hostile binary's symbol may hold) as `?`.
 pub fn demangle(name: &str) -> String {
     if let Ok(rust) = rustc_demangle::try_demangle(name) {
-        return format!("{rust:#}");
+        return printable(&format!("{rust:#}")).into_owned();
     }
     if name.starts_with("_Z")
         && let Ok(symbol) = cpp_demangle::Symbol::new(name)
         && let Ok(text) = symbol.demangle(&cpp_demangle::DemangleOptions::default())
     {
-        return text;
+        return printable(&text).into_owned();
     }
-    name.to_string()
+    printable(name).into_owned()
 }
 
 /// The qualified name alone: C++ without its parameter list and return
@@ -29,7 +32,7 @@ pub fn demangle_base(name: &str) -> String {
                 .no_return_type(),
         )
     {
-        return text;
+        return printable(&text).into_owned();
     }
     demangle(name)
 }
@@ -73,5 +76,13 @@ mod tests {
         );
         assert_eq!(demangle("main"), "main");
         assert_eq!(demangle("_Znot valid"), "_Znot valid");
+    }
+
+    #[test]
+    fn control_characters_in_a_symbol_are_replaced() {
+        assert_eq!(demangle("evil\nmain;x\0"), "evil?main;x?");
+        // Not a valid C++ name: kept mangled, its newline replaced.
+        assert_eq!(demangle("_ZN3foo4b\nrEv"), "_ZN3foo4b?rEv");
+        assert_eq!(demangle("caf\u{e9}\u{85}"), "caf\u{e9}?");
     }
 }

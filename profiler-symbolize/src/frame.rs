@@ -1,5 +1,7 @@
 //! What a resolver answers for one address.
 
+use std::borrow::Cow;
+
 /// One frame of a symbolized address. A physical address may expand into
 /// several frames when code was inlined: resolvers return them innermost
 /// first, the last one being the function that physically holds the code.
@@ -88,6 +90,27 @@ impl Frame {
     pub fn from_source(mut self, source: NameSource) -> Self {
         self.source = source;
         self
+    }
+}
+
+/// `name` with each control character (a newline, a NUL, C1 codes) as
+/// `?`. Names read from a process's memory or a JIT's map are the target's
+/// to forge: a newline in one would split a line of folded output, of
+/// `go tool pprof -raw` or of a terminal, and a NUL is not allowed in the
+/// SVG. Borrowed when there is nothing to replace (the usual case).
+pub fn printable(name: &str) -> Cow<'_, str> {
+    // Printable ASCII, the usual name, without decoding a character.
+    if name.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Cow::Borrowed(name);
+    }
+    if name.chars().any(char::is_control) {
+        Cow::Owned(
+            name.chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect(),
+        )
+    } else {
+        Cow::Borrowed(name)
     }
 }
 

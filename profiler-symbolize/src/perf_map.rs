@@ -98,11 +98,7 @@ fn parse_line(line: &str) -> Option<Entry> {
     while !name.is_char_boundary(cut) {
         cut -= 1;
     }
-    // Control characters would break folded output and terminals.
-    let name: String = name[..cut]
-        .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect();
+    let name = crate::printable(&name[..cut]).into_owned();
     Some(Entry {
         start,
         end,

@@ -588,10 +588,11 @@ fn build_fake_cpython(dir: &Path) -> PathBuf {
 }
 
 /// A process that forges an interpreter's memory (a frame that is its own
-/// caller, a name of 100 million characters, a garbage line table, debug
-/// offsets that point nowhere, a thread list that loops) costs the agent
-/// nothing but that process's Python frames: every walk is bounded, cut
-/// with a mark or refused with one line, and the profile is written.
+/// caller, a name of 100 million characters with a newline and a NUL in
+/// it, a garbage line table, debug offsets that point nowhere, a thread
+/// list that loops) costs the agent nothing but that process's Python
+/// frames: every walk is bounded, cut with a mark or refused with one
+/// line, and the profile is written.
 #[test]
 fn forged_interpreter_memory_is_bounded_and_marked() {
     require_bpf_privileges();
@@ -640,6 +641,11 @@ fn forged_interpreter_memory_is_bounded_and_marked() {
                     .unwrap_or_else(|| panic!("no forged name among {names:#?}\n{report}"));
                 assert_eq!(forged.chars().count(), 1025, "{forged:.40}…");
                 assert!(forged.ends_with('…'));
+                // Its newline and NUL (and whatever control bytes follow
+                // the 472 characters it holds) shown as '?': the name
+                // stays on its line of `go tool pprof -raw`.
+                assert!(forged.starts_with(&format!("{}??N", "N".repeat(100))));
+                assert!(!forged.chars().any(char::is_control), "{forged:?}");
             }
             "offsets" => {
                 assert!(

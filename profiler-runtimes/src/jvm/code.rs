@@ -305,7 +305,7 @@ fn read_some(memory: &impl Memory, address: u64, len: usize) -> Vec<u8> {
     Vec::new()
 }
 
-/// A `Symbol`'s text (modified UTF-8, read as UTF-8).
+/// A `Symbol`'s text (modified UTF-8, read as UTF-8), printable.
 fn read_symbol(memory: &impl Memory, layout: &JvmLayout, symbol: u64) -> Option<String> {
     let length = memory
         .array::<2>(symbol.wrapping_add(layout.symbol_length))
@@ -314,7 +314,8 @@ fn read_symbol(memory: &impl Memory, layout: &JvmLayout, symbol: u64) -> Option<
     let bytes = memory
         .bytes(symbol.wrapping_add(layout.symbol_body), usize::from(length))
         .ok()?;
-    Some(String::from_utf8_lossy(&bytes).into_owned())
+    // The JVM's memory is the process's to forge: no control characters.
+    Some(profiler_symbolize::printable(&String::from_utf8_lossy(&bytes)).into_owned())
 }
 
 /// A compiled method's method, PC descriptors and scope records.

@@ -120,7 +120,7 @@ impl Interpreter {
             address.wrapping_add(self.layout.unicode_compact_data)
         };
         let raw = memory.bytes(data, kept * kind)?;
-        let mut text: String = match kind {
+        let decoded: String = match kind {
             1 => raw.iter().map(|&b| char::from(b)).collect(),
             2 => raw
                 .chunks_exact(2)
@@ -137,6 +137,8 @@ impl Interpreter {
                 })
                 .collect(),
         };
+        // The process may forge any character: none that splits a line.
+        let mut text = profiler_symbolize::printable(&decoded).into_owned();
         if length > kept {
             text.push('…');
         }

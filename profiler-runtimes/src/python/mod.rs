@@ -172,6 +172,12 @@ mod tests {
         let code = code.unwrap();
         assert_eq!(code.name.chars().count(), MAX_NAME + 1);
         assert!(code.name.ends_with('…'));
+        // What it runs into past its 'x's (NULs, the file's header) is
+        // cut from the name's text as '?': a forged newline or NUL would
+        // split the lines of folded and `go tool pprof -raw` output.
+        assert!(code.name.starts_with("Handler.getxxx"));
+        assert!(code.name.contains("x?"), "{:?}", &code.name[..600]);
+        assert!(!code.name.chars().any(char::is_control));
         // Not a code object: its type is not PyCode_Type.
         let mut other = interpreter();
         other.code_type = Some(BASE + 8);

@@ -421,7 +421,11 @@ impl GoSymbols {
 
     fn name(&self, name_off: i32) -> Cow<'_, str> {
         match self.table.name(name_off) {
-            Some(bytes) => String::from_utf8_lossy(bytes),
+            // A hostile binary's names may hold control characters.
+            Some(bytes) => match String::from_utf8_lossy(bytes) {
+                Cow::Borrowed(text) => profiler_symbolize::printable(text),
+                Cow::Owned(text) => Cow::Owned(profiler_symbolize::printable(&text).into_owned()),
+            },
             None => Cow::Borrowed("?"),
         }
     }
