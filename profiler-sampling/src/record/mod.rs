@@ -23,7 +23,7 @@ use crate::sampler::{KernelCounters, Sampler, SamplingConfig, SamplingError};
 use crate::tables::{UnwindTableStats, UnwindTables};
 use profiler_common::SAMPLE_FLAG_PY_THREAD_UNKNOWN;
 use profiler_profile::{Profile, ProfileKind};
-use profiler_runtimes::go::labels::GoLabelsConfig;
+use profiler_runtimes::go::labels::{GoLabelsConfig, LabelCache};
 use profiler_runtimes::{RuntimeFrames, RuntimeRegistry, RuntimeStats};
 use profiler_symbolize::Symbolizer;
 use profiler_symbolize::process::ProcessTable;
@@ -223,6 +223,8 @@ pub struct Recording {
     pub user_stack_ends: UserStackEnds,
     /// Which Go labels samples keep; None when they are not read.
     pub go_labels: Option<GoLabelsConfig>,
+    /// Samples' label sets, decoded once per distinct raw block.
+    pub label_cache: LabelCache,
     /// The runtime frames of the stacks (Python's), named as they were
     /// first seen.
     pub runtime_frames: RuntimeFrames,
@@ -376,6 +378,7 @@ impl Recorder {
                 queue_dropped: 0,
                 user_stack_ends: UserStackEnds::default(),
                 go_labels: config.go_labels.clone(),
+                label_cache: LabelCache::default(),
                 runtime_frames,
                 runtime_stats: RuntimeStats::default(),
             },
@@ -396,6 +399,7 @@ impl Recorder {
         let new_pids = &mut self.new_pids;
         let seen = &mut self.seen;
         let already_new = new_pids.len();
+        let mut clock = BatchClock::default();
         let count = self.sampler.drain(timeout, |sample| {
             sampled.insert(sample.pid);
             if seen.insert(sample.pid) {
@@ -410,7 +414,7 @@ impl Recorder {
                     runtimes.refresh_threads(sample.pid);
                 }
             }
-            aggregate(recording, tables, runtimes, sample)
+            aggregate(recording, tables, runtimes, sample, clock.now())
         });
         self.recording.off_cpu.stacks_missing = self.sampler.off_cpu_stacks_missing();
         // Debug files of new processes' stripped objects download while
@@ -575,11 +579,40 @@ impl Recorder {
     }
 }
 
+/// The time for a drain's samples: the clock is read at its first sample
+/// and every `EVERY` samples after (a drain handles samples already
+/// queued, microseconds each, so the time is that late at most).
+#[derive(Default)]
+struct BatchClock {
+    now: Option<Instant>,
+    left: u32,
+}
+
+impl BatchClock {
+    const EVERY: u32 = 64;
+
+    fn now(&mut self) -> Instant {
+        match self.now {
+            Some(now) if self.left > 0 => {
+                self.left -= 1;
+                now
+            }
+            _ => {
+                let now = Instant::now();
+                self.now = Some(now);
+                self.left = Self::EVERY - 1;
+                now
+            }
+        }
+    }
+}
+
 fn aggregate(
     recording: &mut Recording,
     tables: &Option<UnwindTables>,
     runtimes: &RuntimeRegistry,
     sample: &Sample,
+    now: Instant,
 ) {
     let user = sample.user_stack();
     let counts = if sample.kind == SAMPLE_KIND_OFF_CPU {
@@ -598,10 +631,10 @@ fn aggregate(
         StackCounts::samples(1)
     };
     let labels = match &recording.go_labels {
-        Some(config) => {
-            profiler_runtimes::go::labels::labels_of(sample, config, runtimes.go_strings())
-        }
-        None => Vec::new(),
+        Some(config) => recording
+            .label_cache
+            .labels(sample, config, runtimes.go_strings()),
+        None => Default::default(),
     };
     let key = StackRef {
         pid: sample.pid,
@@ -623,7 +656,9 @@ fn aggregate(
             recording.stacks.insert(key, counts);
         }
     }
-    if recording.processes.observe_stack(sample.pid, user, new)
+    if recording
+        .processes
+        .observe_stack(sample.pid, user, new, now)
         && let Some(process) = recording.processes.get(sample.pid)
     {
         if let Some(tables) = tables {

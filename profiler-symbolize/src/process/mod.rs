@@ -199,7 +199,7 @@ impl ProcessTable {
     /// garbage callers do not lengthen). Returns true when it (re)read the
     /// process's mappings.
     pub fn observe(&mut self, pid: u32, user_pcs: &[u64]) -> bool {
-        self.observe_stack(pid, user_pcs, true)
+        self.observe_stack(pid, user_pcs, true, Instant::now())
     }
 
     /// [`observe`](Self::observe) for a sampled stack, `new` when the
@@ -211,13 +211,17 @@ impl ProcessTable {
     /// stack was new while a re-read was not yet allowed) is found when a
     /// later check samples one of its stacks: soon for code that runs
     /// often, which is the code a profile is about.
-    pub fn observe_stack(&mut self, pid: u32, user_pcs: &[u64], new: bool) -> bool {
+    ///
+    /// `now` is the caller's: at thousands of samples a second, reading
+    /// the clock twice per sample here was a twentieth of the agent's
+    /// time, and one reading serves a batch of samples.
+    pub fn observe_stack(&mut self, pid: u32, user_pcs: &[u64], new: bool, now: Instant) -> bool {
         // Which wait allowed the re-read: the leaf's or the callers'.
         let mut for_leaf = false;
         let refresh = match self.processes.get_mut(&pid) {
             None => true,
             Some(process) => {
-                let since_read = process.maps_read_at.elapsed();
+                let since_read = now.saturating_duration_since(process.maps_read_at);
                 let leaf_unmapped = || {
                     profiler_common::runtimes::native_pcs(user_pcs)
                         .next()
@@ -228,11 +232,13 @@ impl ProcessTable {
                     true
                 } else {
                     process.captured
-                        && (new || process.maps_checked_at.elapsed() >= MAPS_REFRESH_INTERVAL)
+                        && (new
+                            || now.saturating_duration_since(process.maps_checked_at)
+                                >= MAPS_REFRESH_INTERVAL)
                         && since_read >= process.refresh_after
                         && {
                             if !new {
-                                process.maps_checked_at = Instant::now();
+                                process.maps_checked_at = now;
                             }
                             // The callers: the leaf has its own wait.
                             profiler_common::runtimes::native_pcs(user_pcs)
@@ -420,7 +426,10 @@ mod retain_tests {
         // a caller is not.
         let outside = [0x400010_u64, 0xc];
         age(&mut table, MAPS_REFRESH_INTERVAL);
-        assert!(table.observe_stack(10, &outside, true), "read again");
+        assert!(
+            table.observe_stack(10, &outside, true, Instant::now()),
+            "read again"
+        );
         assert_eq!(
             table.get(10).unwrap().refresh_after,
             2 * MAPS_REFRESH_INTERVAL
@@ -428,7 +437,7 @@ mod retain_tests {
         // Within the longer wait: not read again (a read would be
         // unchanged again and double the wait once more).
         age(&mut table, MAPS_REFRESH_INTERVAL);
-        assert!(!table.observe_stack(10, &outside, true));
+        assert!(!table.observe_stack(10, &outside, true, Instant::now()));
         assert_eq!(
             table.get(10).unwrap().refresh_after,
             2 * MAPS_REFRESH_INTERVAL
@@ -438,7 +447,7 @@ mod retain_tests {
         // read at once.
         std::fs::write(dir.join("maps"), line(0x400000, 1) + &line(0x500000, 2)).unwrap();
         assert!(
-            table.observe_stack(10, &[0x500010, 0x400020], true),
+            table.observe_stack(10, &[0x500010, 0x400020], true, Instant::now()),
             "new mapping"
         );
         let process = table.get(10).unwrap();
@@ -446,17 +455,17 @@ mod retain_tests {
         assert_eq!(process.refresh_after, MAPS_REFRESH_INTERVAL);
         assert_eq!(process.leaf_refresh_after, MAPS_REFRESH_INTERVAL);
         // A stack seen before is checked at most once per interval.
-        assert!(!table.observe_stack(10, &outside, false));
+        assert!(!table.observe_stack(10, &outside, false, Instant::now()));
         // A leaf outside every mapping that re-reads keep not finding (code
         // in memory /proc does not show, a forged pc) backs off too, and
         // leaves the callers' wait as it was.
         age(&mut table, MAPS_REFRESH_INTERVAL);
-        assert!(table.observe_stack(10, &[0xd, 0x400020], true));
+        assert!(table.observe_stack(10, &[0xd, 0x400020], true, Instant::now()));
         let process = table.get(10).unwrap();
         assert_eq!(process.leaf_refresh_after, 2 * MAPS_REFRESH_INTERVAL);
         assert_eq!(process.refresh_after, MAPS_REFRESH_INTERVAL);
         age(&mut table, MAPS_REFRESH_INTERVAL);
-        assert!(!table.observe_stack(10, &[0xd, 0x400020], false));
+        assert!(!table.observe_stack(10, &[0xd, 0x400020], false, Instant::now()));
     }
 
     #[test]

@@ -8,12 +8,14 @@
 //! the BPF program (`GO_PROCESSES`), which copies the running goroutine's
 //! labels into the sample; `labels_of` turns them into profile labels,
 //! reading the strings the program left in the binary from its file
-//! (`strings`).
+//! (`strings`), once per distinct block (`cache`).
 
+mod cache;
 mod layout;
 mod strings;
 mod versions;
 
+pub use cache::{LabelCache, LabelSet};
 pub use layout::{LabelStorage, LayoutError, LayoutSource, Offsets, RuntimeLayout, read_layout};
 pub use strings::{GoStrings, LoadedBinary, Segment, segments_of};
 

@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use object::{Object, ObjectSegment, SegmentFlags};
@@ -138,6 +139,9 @@ impl LoadedBinary {
 #[derive(Clone, Default)]
 pub struct GoStrings {
     inner: Arc<Mutex<Inner>>,
+    /// Bumped after each binary registered or forgotten: what a label
+    /// cache decoded before may read differently now (`LabelCache`).
+    generation: Arc<AtomicU64>,
 }
 
 #[derive(Default)]
@@ -155,12 +159,21 @@ impl GoStrings {
         if let Ok(mut inner) = self.inner.lock() {
             inner.processes.insert(pid, binary);
         }
+        // After the change: a reader that sees the new generation finds
+        // the new binary.
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     pub(super) fn remove(&self, pid: u32) {
         if let Ok(mut inner) = self.inner.lock() {
             inner.processes.remove(&pid);
         }
+        self.generation.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many times the registered binaries changed.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// The first `kept` bytes of the string at `address` of `pid`'s
