@@ -102,9 +102,7 @@ fn block_key(key: &mut Vec<u8>, pid: u32, block: &GoLabels, goroutine: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::go::labels::{LoadedBinary, Segment};
-    use profiler_common::SAMPLE_FLAG_GO_LABELS;
-    use profiler_symbolize::process::ObjectFile;
+    use crate::go::labels::fixtures::{block, labelled_sample, register};
 
     /// A sample of `pid`'s goroutine 7 whose block holds `tier` copied
     /// (its bytes past the length `junk`) and a value sent by address,
@@ -114,18 +112,8 @@ mod tests {
     }
 
     fn with_goroutine(pid: u32, tier: &[u8], junk: u8, goid: u64) -> Box<Sample> {
-        // SAFETY: a Sample is plain data; all zeroes is a valid one.
-        let mut sample: Box<Sample> = unsafe { Box::new_zeroed().assume_init() };
-        sample.pid = pid;
-        sample.flags = SAMPLE_FLAG_GO_LABELS;
-        // SAFETY: with no frames the block starts at `frames`, inside the
-        // sample, 8-byte aligned, and `tail` holds the rest.
-        let block = unsafe {
-            &mut *(&raw mut *sample)
-                .cast::<u8>()
-                .add(Sample::record_len(0))
-                .cast::<GoLabels>()
-        };
+        let mut sample = labelled_sample(pid);
+        let block = block(&mut sample);
         block.count = 2;
         block.goid = goid;
         let labels = &mut block.labels;
@@ -174,18 +162,7 @@ mod tests {
         let mut bytes = vec![0u8; 0x2000];
         bytes[0x1100..0x1104].copy_from_slice(b"east");
         std::fs::write(&path, &bytes).unwrap();
-        let object = Arc::new(ObjectFile::open_path(&path).unwrap());
-        let segments: Arc<[Segment]> = vec![Segment {
-            address: 0x400000,
-            file_offset: 0,
-            file_size: 0x2000,
-            writable: false,
-        }]
-        .into();
-        strings.insert(
-            42,
-            LoadedBinary::new(object, segments, 0x400000, 0).unwrap(),
-        );
+        register(&strings, &path, 42, 0x2000);
         let whole = cache.labels(&sample(42, b"gold", 0), &config, Some(&strings));
         assert_eq!(pairs(&whole), [("tier", "gold"), ("zone", "east")]);
         assert_eq!(cache.sets.len(), 1);

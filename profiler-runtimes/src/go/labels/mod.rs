@@ -355,11 +355,65 @@ fn read_segments(data: &[u8]) -> Arc<[Segment]> {
     .into()
 }
 
+/// Samples and binaries for the label tests (here and in `cache`).
 #[cfg(test)]
-mod tests {
+pub(super) mod fixtures {
     use super::*;
     use profiler_common::SAMPLE_FLAG_GO_LABELS;
     use profiler_common::runtimes::go::GoLabels;
+
+    /// A labelled sample of `pid` with no frames and an empty block.
+    pub fn labelled_sample(pid: u32) -> Box<Sample> {
+        // SAFETY: a Sample is plain data; all zeroes is a valid one.
+        let mut sample: Box<Sample> = unsafe { Box::new_zeroed().assume_init() };
+        sample.pid = pid;
+        sample.flags = SAMPLE_FLAG_GO_LABELS;
+        sample
+    }
+
+    /// The label block of a sample without frames.
+    pub fn block(sample: &mut Sample) -> &mut GoLabels {
+        // SAFETY: with no frames the block starts at `frames`, inside the
+        // sample, 8-byte aligned, and `tail` holds the rest.
+        unsafe {
+            &mut *(sample as *mut Sample)
+                .cast::<u8>()
+                .add(Sample::record_len(0))
+                .cast::<GoLabels>()
+        }
+    }
+
+    /// `GoStrings` knowing `pid`'s binary: a file of `bytes` (under
+    /// `dir`), one read-only segment loaded at 0x400000.
+    pub fn strings_of(dir: &std::path::Path, pid: u32, bytes: &[u8]) -> GoStrings {
+        let path = dir.join("service");
+        std::fs::write(&path, bytes).unwrap();
+        let strings = GoStrings::default();
+        register(&strings, &path, pid, bytes.len() as u64);
+        strings
+    }
+
+    /// Registers the binary at `path` (`size` bytes) for `pid`.
+    pub fn register(strings: &GoStrings, path: &std::path::Path, pid: u32, size: u64) {
+        let object = Arc::new(ObjectFile::open_path(path).unwrap());
+        let segments: Arc<[Segment]> = vec![Segment {
+            address: 0x400000,
+            file_offset: 0,
+            file_size: size,
+            writable: false,
+        }]
+        .into();
+        strings.insert(
+            pid,
+            LoadedBinary::new(object, segments, 0x400000, 0).unwrap(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{block, labelled_sample, strings_of};
+    use super::*;
 
     /// A record with labels some of whose strings were copied and some
     /// sent by address: both read, cut alike, and a label whose address
@@ -367,38 +421,14 @@ mod tests {
     #[test]
     fn labels_sent_by_address_are_read_from_the_binary() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("service");
         let mut bytes = vec![0u8; 0x2000];
         bytes[0x1100..0x1104].copy_from_slice(b"gold");
         bytes[0x1200..0x1208].copy_from_slice(b"endpoint");
         bytes[0x1300..0x1300 + 120].fill(b'y');
-        std::fs::write(&path, &bytes).unwrap();
-        let object = Arc::new(ObjectFile::open_path(&path).unwrap());
-        let segments: Arc<[Segment]> = vec![Segment {
-            address: 0x400000,
-            file_offset: 0,
-            file_size: 0x2000,
-            writable: false,
-        }]
-        .into();
-        let strings = GoStrings::default();
-        strings.insert(
-            42,
-            LoadedBinary::new(object, segments, 0x400000, 0).unwrap(),
-        );
+        let strings = strings_of(dir.path(), 42, &bytes);
 
-        // SAFETY: a Sample is plain data; all zeroes is a valid one.
-        let mut sample: Box<Sample> = unsafe { Box::new_zeroed().assume_init() };
-        sample.pid = 42;
-        sample.flags = SAMPLE_FLAG_GO_LABELS;
-        // SAFETY: with no frames the block starts at `frames`, inside the
-        // sample, 8-byte aligned, and `tail` holds the rest.
-        let block = unsafe {
-            &mut *(&raw mut *sample)
-                .cast::<u8>()
-                .add(Sample::record_len(0))
-                .cast::<GoLabels>()
-        };
+        let mut sample = labelled_sample(42);
+        let block = block(&mut sample);
         block.count = 3;
         let labels = &mut block.labels;
         labels[0].key[..4].copy_from_slice(b"tier");
