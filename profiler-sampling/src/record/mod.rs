@@ -634,7 +634,7 @@ fn aggregate(
         Some(config) => recording
             .label_cache
             .labels(sample, config, runtimes.go_strings()),
-        None => Default::default(),
+        None => recording.label_cache.none(),
     };
     let key = StackRef {
         pid: sample.pid,

@@ -39,6 +39,11 @@ pub struct LabelCache {
 }
 
 impl LabelCache {
+    /// No labels (shared: a sample without labels allocates nothing).
+    pub fn none(&self) -> LabelSet {
+        self.empty.clone()
+    }
+
     /// `sample`'s labels: decoded at the first sample of its block (in
     /// its process), shared after.
     pub fn labels(
@@ -48,7 +53,7 @@ impl LabelCache {
         strings: Option<&GoStrings>,
     ) -> LabelSet {
         let Some(block) = sample.go_labels() else {
-            return self.empty.clone();
+            return self.none();
         };
         // Read before decoding: a binary registered while this block is
         // decoded leaves the cache a generation behind, emptied next time.
