@@ -151,7 +151,8 @@ fn read_once(env: &Env, view: View, pid: u32) -> anyhow::Result<(f64, Usage)> {
 }
 
 /// Runs the workload for `seconds`, with the agent reading it back to
-/// back when `read`; its throughput (ops per second).
+/// back when `read`; its throughput (ops per second). `seconds` is at
+/// least four times a read, or the last read may outlive the process.
 fn throughput(env: &Env, view: View, size: usize, seconds: f64, read: bool) -> anyhow::Result<f64> {
     let (workload, _, output) = start(env, view, size, seconds)?;
     // Reads stop a quarter before the end: one must not outlive the
@@ -176,7 +177,7 @@ fn throughput(env: &Env, view: View, size: usize, seconds: f64, read: bool) -> a
 fn measure(env: &Env, plan: &Plan, view: View) -> anyhow::Result<Reading> {
     let size = if plan.quick { 10_000 } else { 100_000 };
     let reads = if plan.quick { 1 } else { 5 };
-    let seconds = if plan.quick { 2.0 } else { 8.0 };
+    let seconds: f64 = if plan.quick { 2.0 } else { 8.0 };
     let mut reading = Reading {
         size,
         ..Reading::default()
@@ -190,7 +191,12 @@ fn measure(env: &Env, plan: &Plan, view: View) -> anyhow::Result<Reading> {
         reading.agent_rss = reading.agent_rss.max(usage.peak_rss_bytes);
     }
     drop(workload);
-    // Throughput alone and while read, alternating which goes first.
+    // The throughput runs last long enough for a read begun at the last
+    // moment (three quarters in) to end with room to spare: a debug
+    // build's goroutine dump takes 1.6-1.8 s, and under a 2 s workload
+    // one outlived the process it read ("No such process").
+    let longest = reading.agent_seconds.iter().copied().fold(0.0, f64::max);
+    let seconds = seconds.max(6.0 * longest);
     for rep in 0..plan.reps {
         let order = if rep % 2 == 0 {
             [false, true]
