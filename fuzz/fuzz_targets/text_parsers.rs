@@ -8,10 +8,11 @@ use profiler_probes::{Arch, ArgSpec, ProbeSpec};
 
 fuzz_target!(|data: &[u8]| {
     let _ = profiler_probes::ldcache::parse(data);
+    // Maps are bytes: a path need not be UTF-8.
+    let _ = profiler_symbolize::process::parse_maps(data);
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
-    let _ = profiler_symbolize::process::parse_maps(text);
     let _ = profiler_symbolize::KernelSymbols::parse(text).lookup(0xffffffff81000000);
     for arch in [Arch::X86_64, Arch::Arm64] {
         let _ = ArgSpec::parse(text, arch);

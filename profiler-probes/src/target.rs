@@ -36,7 +36,8 @@ pub fn mapped_objects(proc_root: &Path, pid: u32) -> Result<Vec<MappedObject>, T
         return Err(TargetError::NoProcess { pid });
     }
     let maps_path = proc_dir.join("maps");
-    let text = std::fs::read_to_string(&maps_path).map_err(|error| TargetError::Maps {
+    // Bytes: a path need not be UTF-8.
+    let text = std::fs::read(&maps_path).map_err(|error| TargetError::Maps {
         path: maps_path.clone(),
         reason: error.to_string(),
     })?;

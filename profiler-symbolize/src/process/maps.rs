@@ -1,5 +1,7 @@
 //! `/proc/PID/maps` parsing.
 
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
 /// One line of `/proc/PID/maps`.
@@ -55,16 +57,38 @@ impl MapEntry {
 /// Parses the text of `/proc/PID/maps`. Lines that do not parse are
 /// skipped: the kernel's format is stable, so a bad line means a
 /// truncated read, not a new format.
-pub fn parse_maps(text: &str) -> Vec<MapEntry> {
-    text.lines().filter_map(parse_line).collect()
+///
+/// Bytes, not a `str`: a path is whatever bytes the file was named with
+/// (the kernel escapes only the newline), and one name that is not UTF-8
+/// must not cost the whole process its mappings.
+pub fn parse_maps(text: impl AsRef<[u8]>) -> Vec<MapEntry> {
+    lines(text.as_ref()).filter_map(parse_line).collect()
 }
 
-fn parse_line(line: &str) -> Option<MapEntry> {
+/// The executable lines of `/proc/PID/maps` only, parsed. The others
+/// (data, heap, stacks: two thirds of a typical process's lines) are
+/// passed over before their paths are copied.
+pub fn parse_executable_maps(text: &[u8]) -> impl Iterator<Item = MapEntry> + '_ {
+    lines(text)
+        .filter(|line| perms_of(line).is_some_and(|perms| perms.get(2) == Some(&b'x')))
+        .filter_map(parse_line)
+}
+
+fn lines(text: &[u8]) -> impl Iterator<Item = &[u8]> {
+    text.split(|&b| b == b'\n').filter(|line| !line.is_empty())
+}
+
+/// The second field of a maps line (its permissions).
+fn perms_of(line: &[u8]) -> Option<&[u8]> {
+    line.split(|&b| b == b' ').filter(|f| !f.is_empty()).nth(1)
+}
+
+fn parse_line(line: &[u8]) -> Option<MapEntry> {
     // address perms offset dev inode [path]; the path may contain spaces.
     let mut rest = line;
     let mut field = || {
-        rest = rest.trim_start();
-        let end = rest.find(' ').unwrap_or(rest.len());
+        rest = rest.trim_ascii_start();
+        let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
         let (head, tail) = rest.split_at(end);
         rest = tail;
         head
@@ -74,34 +98,40 @@ fn parse_line(line: &str) -> Option<MapEntry> {
     let offset = field();
     let dev = field();
     let inode = field();
-    let path = rest.trim();
+    let path = rest.trim_ascii();
+    // The fixed fields are ASCII; a line whose are not is garbage.
+    fn text(bytes: &[u8]) -> Option<&str> {
+        std::str::from_utf8(bytes).ok()
+    }
+    let hex = |bytes: &[u8]| u64::from_str_radix(text(bytes)?, 16).ok();
 
-    let (start, end) = range.split_once('-')?;
+    let (start, end) = text(range)?.split_once('-')?;
     let start = u64::from_str_radix(start, 16).ok()?;
     let end = u64::from_str_radix(end, 16).ok()?;
-    let perms = perms.as_bytes();
     if perms.len() < 4 {
         return None;
     }
-    let offset = u64::from_str_radix(offset, 16).ok()?;
-    let (major, minor) = dev.split_once(':')?;
+    let offset = hex(offset)?;
+    let (major, minor) = text(dev)?.split_once(':')?;
     let dev = (
         u32::from_str_radix(major, 16).ok()?,
         u32::from_str_radix(minor, 16).ok()?,
     );
-    let inode: u64 = inode.parse().ok()?;
+    let inode: u64 = text(inode)?.parse().ok()?;
 
+    let file = |bytes: &[u8]| PathBuf::from(OsStr::from_bytes(bytes));
+    let name = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
     let backing = if path.is_empty() {
         Backing::Anonymous
-    } else if path.starts_with('[') {
-        Backing::Special(path.to_string())
-    } else if let Some(deleted) = path.strip_suffix(" (deleted)") {
-        Backing::Deleted(PathBuf::from(deleted))
-    } else if inode == 0 && !path.starts_with('/') {
+    } else if path.starts_with(b"[") {
+        Backing::Special(name(path))
+    } else if let Some(deleted) = path.strip_suffix(b" (deleted)") {
+        Backing::Deleted(file(deleted))
+    } else if inode == 0 && !path.starts_with(b"/") {
         // e.g. "anon_inode:..." or "/memfd:..." variants without an inode.
-        Backing::Special(path.to_string())
+        Backing::Special(name(path))
     } else {
-        Backing::File(PathBuf::from(path))
+        Backing::File(file(path))
     };
     Some(MapEntry {
         start,
@@ -160,6 +190,33 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert_eq!(maps[7].start, 0xffffffffff600000);
         assert!(maps[7].contains(0xffffffffff600010));
         assert!(!maps[7].contains(0xffffffffff601000));
+    }
+
+    /// A path that is not UTF-8 is kept byte for byte, and the lines
+    /// around it parse: a file named so costs nothing else.
+    #[test]
+    fn a_path_that_is_not_utf8_is_kept_as_bytes() {
+        let mut text = SAMPLE.as_bytes().to_vec();
+        text.extend_from_slice(b"7f00-7f01 r-xp 00000000 fe:01 9 /tmp/\xff\xfeodd.so\n");
+        let maps = parse_maps(&text);
+        assert_eq!(maps.len(), 9);
+        assert_eq!(
+            maps[8].backing,
+            Backing::File(PathBuf::from(OsStr::from_bytes(b"/tmp/\xff\xfeodd.so")))
+        );
+        assert_eq!(maps[0].backing, Backing::File("/usr/bin/cat".into()));
+    }
+
+    /// The executable lines only, parsed as `parse_maps` parses them.
+    #[test]
+    fn executable_lines_alone() {
+        let all: Vec<MapEntry> = parse_maps(SAMPLE)
+            .into_iter()
+            .filter(|e| e.executable)
+            .collect();
+        let executable: Vec<MapEntry> = parse_executable_maps(SAMPLE.as_bytes()).collect();
+        assert_eq!(executable, all);
+        assert_eq!(executable.len(), 6);
     }
 
     #[test]

@@ -111,6 +111,8 @@ pub struct ProcessTable {
     proc_root: PathBuf,
     processes: HashMap<u32, Process>,
     objects: HashMap<ObjectId, Arc<ObjectFile>>,
+    /// The buffer `/proc` files are read into, kept between reads.
+    scratch: Vec<u8>,
 }
 
 /// How often the maps of one process may be re-read when a sample has an
@@ -149,6 +151,7 @@ impl ProcessTable {
             proc_root: proc_root.into(),
             processes: HashMap::new(),
             objects: HashMap::new(),
+            scratch: Vec::new(),
         }
     }
 
@@ -285,20 +288,24 @@ impl ProcessTable {
 
     fn capture(&mut self, pid: u32) -> Process {
         let dir = self.proc_root.join(pid.to_string());
-        let name = std::fs::read_to_string(dir.join("comm"))
-            .map(|s| s.trim_end_matches('\n').to_string())
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let name = read_proc(&dir.join("comm"), &mut scratch)
+            .map(|()| {
+                let name = scratch.strip_suffix(b"\n").unwrap_or(&scratch);
+                String::from_utf8_lossy(name).into_owned()
+            })
             .unwrap_or_default();
-        let maps = std::fs::read_to_string(dir.join("maps"));
-        let captured = maps.is_ok();
+        let captured = read_proc(&dir.join("maps"), &mut scratch).is_ok();
         // The process's root, opened for its first new object only.
         let mut root_dir = None;
-        let mut mappings: Vec<Mapping> = maps
-            .map(|text| parse_maps(&text))
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|entry| entry.executable)
-            .map(|entry| self.mapping(&dir, &mut root_dir, &entry))
-            .collect();
+        let mut mappings: Vec<Mapping> = if captured {
+            maps::parse_executable_maps(&scratch)
+                .map(|entry| self.mapping(&dir, &mut root_dir, &entry))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.scratch = scratch;
         mappings.sort_by_key(|m| m.start);
         // Code in anonymous executable memory is a JIT's: its names, if
         // the runtime publishes them, are in the perf map under the pid
@@ -372,6 +379,38 @@ impl ProcessTable {
     }
 }
 
+/// What one `read` of a `/proc` file asks for at least: a small
+/// process's whole maps.
+const PROC_READ: usize = 16 * 1024;
+
+/// Reads a `/proc` file whole into `buf`. Not `std::fs::read_to_string`:
+/// that asks `statx` for a size `/proc` does not have, then reads in
+/// steps growing from 32 bytes, each of which the kernel formats again
+/// from where the last stopped (nine reads for a 3.7 KiB maps file).
+/// Here most files take one read and the one that finds the end; with
+/// thousands of processes first seen, these reads were the agent's
+/// largest cost after the samples themselves.
+fn read_proc(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    buf.clear();
+    loop {
+        if buf.capacity() - buf.len() < PROC_READ / 4 {
+            buf.reserve(buf.capacity().max(PROC_READ));
+        }
+        let len = buf.len();
+        buf.resize(buf.capacity(), 0);
+        let read = file.read(&mut buf[len..]);
+        buf.truncate(len + *read.as_ref().unwrap_or(&0));
+        match read {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The vDSO of this process: the same image the kernel maps into every
 /// process of this architecture, whose CFI exists only in memory.
 pub fn vdso_image() -> Option<Vec<u8>> {
@@ -398,6 +437,46 @@ mod retain_tests {
     /// Maps re-read for an address outside them: a re-read that finds them
     /// unchanged is not reported and doubles the wait before the next; one
     /// that finds new code is reported and resets it.
+    /// A maps file larger than one read, with a path that is not UTF-8:
+    /// every executable mapping is captured (the odd path byte for byte),
+    /// and the comm keeps its spaces.
+    #[test]
+    fn a_large_maps_file_with_an_odd_path_is_captured_whole() {
+        use std::os::unix::ffi::OsStrExt;
+        let proc_root = tempfile::tempdir().unwrap();
+        let dir = proc_root.path().join("11");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("comm"), "my app \n").unwrap();
+        let mut maps = Vec::new();
+        // Data lines past one read's worth, then code.
+        for i in 0..600u64 {
+            let start = 0x1000_0000 + i * 0x1000;
+            maps.extend_from_slice(
+                format!("{start:x}-{:x} rw-p 00000000 00:00 0 \n", start + 0x1000).as_bytes(),
+            );
+        }
+        maps.extend_from_slice(b"40000000-40001000 r-xp 00000000 08:01 7 /opt/\xff\xfe.so\n");
+        maps.extend_from_slice(b"40002000-40003000 r-xp 00000000 08:01 8 /opt/b c.so\n");
+        assert!(maps.len() > PROC_READ);
+        std::fs::write(dir.join("maps"), &maps).unwrap();
+        let mut table = ProcessTable::new(proc_root.path());
+        assert!(table.observe(11, &[]));
+        let process = table.get(11).unwrap();
+        assert_eq!(process.name, "my app ");
+        let paths: Vec<_> = process
+            .mappings
+            .iter()
+            .map(|m| m.path.clone().unwrap())
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                PathBuf::from(std::ffi::OsStr::from_bytes(b"/opt/\xff\xfe.so")),
+                PathBuf::from("/opt/b c.so")
+            ]
+        );
+    }
+
     #[test]
     fn unchanged_maps_are_read_less_often_and_new_code_is_found() {
         let proc_root = tempfile::tempdir().unwrap();
