@@ -19,7 +19,7 @@ use profiler_symbolize::process::{ObjectFile, ObjectId, Process};
 use super::layout::{self, JvmLayout, LayoutError};
 use super::vmstructs::{SYMBOLS, VmStructs};
 use crate::memory::ProcessMemory;
-use crate::objects::{ObjectMapping, load_bias, mappings_of, segments_of};
+use crate::objects::{NotRuntime, ObjectMapping, load_bias, mappings_of, segments_of};
 use crate::worker::{Handler, Worker};
 
 /// Tries for a JVM whose VM is not up yet.
@@ -57,15 +57,18 @@ pub struct JvmRegistry {
     worker: Worker<Command>,
     stats: Arc<Mutex<JvmStats>>,
     processes: JvmProcesses,
+    not_jvm: NotRuntime,
 }
 
 impl JvmRegistry {
     pub fn spawn(process_map: BpfHashMap<MapData, u32, JvmProcess>) -> std::io::Result<Self> {
         let stats = Arc::new(Mutex::new(JvmStats::default()));
         let processes: JvmProcesses = Arc::default();
+        let not_jvm = NotRuntime::default();
         let state = State {
             process_map,
             objects: HashMap::new(),
+            not_jvm: not_jvm.clone(),
             pending: HashMap::new(),
             registered: HashMap::new(),
             stats: stats.clone(),
@@ -75,12 +78,16 @@ impl JvmRegistry {
             worker: Worker::spawn("jvm", state)?,
             stats,
             processes,
+            not_jvm,
         })
     }
 
     /// Reads `process`'s Java frames from now on, if it runs HotSpot.
     /// Returns at once.
     pub fn register(&self, process: &Process) {
+        if self.not_jvm.covers(process) {
+            return;
+        }
         self.worker
             .send(Command::Register(process.pid, mappings_of(process)));
     }
@@ -114,6 +121,8 @@ struct State {
     process_map: BpfHashMap<MapData, u32, JvmProcess>,
     /// Per object: a libjvm, None when it is not one.
     objects: HashMap<ObjectId, Option<JvmObject>>,
+    /// The objects of `objects` that are no libjvm.
+    not_jvm: NotRuntime,
     /// JVMs not up yet: (mapping, attempts, next try).
     pending: HashMap<u32, (ObjectMapping, JvmObject, u32, Instant)>,
     registered: HashMap<u32, ()>,
@@ -141,7 +150,13 @@ impl Handler for State {
                     let object = self
                         .objects
                         .entry(mapping.object.id)
-                        .or_insert_with(|| read_object(&mapping.object))
+                        .or_insert_with(|| {
+                            let read = read_object(&mapping.object);
+                            if read.is_none() {
+                                self.not_jvm.insert(mapping.object.id);
+                            }
+                            read
+                        })
                         .clone()?;
                     Some((mapping, object))
                 });

@@ -19,7 +19,7 @@ use super::interpreter::{self, InterpreterFile};
 use super::layout::{Layout, LayoutSource};
 use super::threads;
 use crate::memory::ProcessMemory;
-use crate::objects::{ObjectMapping, load_bias, mappings_of, segments_of};
+use crate::objects::{NotRuntime, ObjectMapping, load_bias, mappings_of, segments_of};
 use crate::worker::{Handler, Worker};
 
 /// One registered CPython process.
@@ -63,6 +63,7 @@ pub struct PythonRegistry {
     worker: Worker<Command>,
     stats: Arc<Mutex<PythonStats>>,
     processes: PythonProcesses,
+    not_python: NotRuntime,
 }
 
 impl PythonRegistry {
@@ -72,10 +73,12 @@ impl PythonRegistry {
     ) -> std::io::Result<Self> {
         let stats = Arc::new(Mutex::new(PythonStats::default()));
         let processes: PythonProcesses = Arc::default();
+        let not_python = NotRuntime::default();
         let state = State {
             process_map,
             thread_map,
             objects: HashMap::new(),
+            not_python: not_python.clone(),
             threads: HashMap::new(),
             stats: stats.clone(),
             processes: processes.clone(),
@@ -84,12 +87,16 @@ impl PythonRegistry {
             worker: Worker::spawn("python", state)?,
             stats,
             processes,
+            not_python,
         })
     }
 
     /// Reads `process`'s Python frames from now on, if it runs CPython.
     /// Returns at once.
     pub fn register(&self, process: &Process) {
+        if self.not_python.covers(process) {
+            return;
+        }
         self.worker
             .send(Command::Register(process.pid, mappings_of(process)));
     }
@@ -135,6 +142,8 @@ struct State {
     /// Per object: its interpreter, None when it has none, or why it
     /// cannot be read.
     objects: HashMap<ObjectId, Option<Result<InterpreterObject, String>>>,
+    /// The objects of `objects` that are no interpreter.
+    not_python: NotRuntime,
     /// The thread-state keys written for each process.
     threads: HashMap<u32, HashSet<u64>>,
     stats: Arc<Mutex<PythonStats>>,
@@ -190,10 +199,13 @@ impl State {
     fn register(&mut self, pid: u32, mappings: &[ObjectMapping]) -> Result<(), String> {
         let mut found = None;
         for mapping in mappings {
-            let entry = self
-                .objects
-                .entry(mapping.object.id)
-                .or_insert_with(|| read_object(&mapping.object));
+            let entry = self.objects.entry(mapping.object.id).or_insert_with(|| {
+                let read = read_object(&mapping.object);
+                if read.is_none() {
+                    self.not_python.insert(mapping.object.id);
+                }
+                read
+            });
             match entry {
                 Some(Ok(object)) => {
                     found = Some((object.clone(), mapping.clone()));
