@@ -305,7 +305,9 @@ impl ProcessTable {
         } else {
             Vec::new()
         };
-        self.scratch = scratch;
+        if scratch.capacity() <= PROC_BUFFER_KEPT {
+            self.scratch = scratch;
+        }
         mappings.sort_by_key(|m| m.start);
         // Code in anonymous executable memory is a JIT's: its names, if
         // the runtime publishes them, are in the perf map under the pid
@@ -379,9 +381,13 @@ impl ProcessTable {
     }
 }
 
-/// What one `read` of a `/proc` file asks for at least: a small
-/// process's whole maps.
+/// What one `read` of a `/proc` file asks for: a small process's whole
+/// maps.
 const PROC_READ: usize = 16 * 1024;
+
+/// A read buffer grown past this (a process with tens of thousands of
+/// mappings) is not kept for the next process.
+const PROC_BUFFER_KEPT: usize = 1 << 20;
 
 /// Reads a `/proc` file whole into `buf`. Not `std::fs::read_to_string`:
 /// that asks `statx` for a size `/proc` does not have, then reads in
@@ -389,17 +395,16 @@ const PROC_READ: usize = 16 * 1024;
 /// from where the last stopped (nine reads for a 3.7 KiB maps file).
 /// Here most files take one read and the one that finds the end; with
 /// thousands of processes first seen, these reads were the agent's
-/// largest cost after the samples themselves.
+/// largest cost after the samples themselves. Each read asks for
+/// `PROC_READ` bytes, so a buffer grown by one huge file costs nothing
+/// more for the small ones after it.
 fn read_proc(path: &Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
     use std::io::Read;
     let mut file = std::fs::File::open(path)?;
     buf.clear();
     loop {
-        if buf.capacity() - buf.len() < PROC_READ / 4 {
-            buf.reserve(buf.capacity().max(PROC_READ));
-        }
         let len = buf.len();
-        buf.resize(buf.capacity(), 0);
+        buf.resize(len + PROC_READ, 0);
         let read = file.read(&mut buf[len..]);
         buf.truncate(len + *read.as_ref().unwrap_or(&0));
         match read {
