@@ -38,7 +38,7 @@ use aya::maps::HashMap as BpfHashMap;
 use profiler_common::runtimes::python::{
     RUNTIME_CPYTHON, RUNTIME_KIND_SHIFT, RUNTIME_PAYLOAD_MASK,
 };
-use profiler_symbolize::process::Process;
+use profiler_symbolize::process::{ObjectId, Process};
 use profiler_symbolize::{Frame, NameSource};
 
 use go::labels::{GoLabelRegistry, GoLabelStats};
@@ -170,6 +170,21 @@ impl RuntimeRegistry {
         }
         if let Some(registry) = &self.jvm {
             registry.unregister(pid);
+        }
+    }
+
+    /// Forgets what the registries read of the objects not in `keep` (no
+    /// live process maps them): with a new binary every second, a long
+    /// run's caches of objects would otherwise only grow.
+    pub fn retain_objects(&self, keep: &std::collections::HashSet<ObjectId>) {
+        if let Some(registry) = &self.go_labels {
+            registry.retain_objects(keep);
+        }
+        if let Some(registry) = &self.python {
+            registry.retain_objects(keep);
+        }
+        if let Some(registry) = &self.jvm {
+            registry.retain_objects(keep);
         }
     }
 

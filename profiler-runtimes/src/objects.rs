@@ -23,6 +23,14 @@ impl NotRuntime {
         }
     }
 
+    /// Forgets the objects not in `keep` (no live process maps them), so
+    /// that a long run's set follows the live objects.
+    pub fn retain(&self, keep: &HashSet<ObjectId>) {
+        if let Ok(mut set) = self.0.write() {
+            set.retain(|id| keep.contains(id));
+        }
+    }
+
     /// True when every object `process` maps is known not to hold the
     /// runtime: registering it would find nothing. A new object (a
     /// `dlopen`ed libpython) makes it false until the thread has read it.
@@ -133,6 +141,11 @@ mod tests {
         // The sampling side's copy sees what the thread's copy inserted.
         let thread_side = not_runtime.clone();
         thread_side.insert(libpython.id);
+        assert!(not_runtime.covers(&process(&[&exe, &libpython])));
+        // Once no live process maps libc, it is forgotten: a new file
+        // with its device and inode would be read again.
+        not_runtime.retain(&HashSet::from([exe.id, libpython.id]));
+        assert!(!not_runtime.covers(&native));
         assert!(not_runtime.covers(&process(&[&exe, &libpython])));
     }
 }

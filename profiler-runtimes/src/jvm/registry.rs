@@ -7,7 +7,7 @@
 //! tables cannot be read (OpenJ9, a libjvm without them) is named in one
 //! log line and counted, and its samples stay native.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -50,6 +50,8 @@ pub struct JvmStats {
 enum Command {
     Register(u32, Vec<ObjectMapping>),
     Unregister(u32),
+    /// Forget the objects not in the set (no live process maps them).
+    Retain(HashSet<ObjectId>),
 }
 
 /// See the module's documentation.
@@ -94,6 +96,12 @@ impl JvmRegistry {
 
     pub fn unregister(&self, pid: u32) {
         self.worker.send(Command::Unregister(pid));
+    }
+
+    /// Forgets what it read of the objects not in `keep`.
+    pub fn retain_objects(&self, keep: &HashSet<ObjectId>) {
+        self.not_jvm.retain(keep);
+        self.worker.send(Command::Retain(keep.clone()));
     }
 
     /// Waits until every command sent so far is done.
@@ -163,6 +171,10 @@ impl Handler for State {
                 if let Some((mapping, object)) = found {
                     self.attempt(pid, mapping, object, 0);
                 }
+            }
+            Command::Retain(keep) => {
+                self.objects.retain(|id, _| keep.contains(id));
+                self.not_jvm.retain(&keep);
             }
             Command::Unregister(pid) => {
                 self.pending.remove(&pid);

@@ -53,6 +53,8 @@ enum Command {
     Register(u32, Vec<ObjectMapping>),
     Refresh(u32),
     Unregister(u32),
+    /// Forget the objects not in the set (no live process maps them).
+    Retain(HashSet<ObjectId>),
 }
 
 /// Registered processes, for the symbolizer.
@@ -110,6 +112,12 @@ impl PythonRegistry {
     /// Forgets `pid` (it exited).
     pub fn unregister(&self, pid: u32) {
         self.worker.send(Command::Unregister(pid));
+    }
+
+    /// Forgets what it read of the objects not in `keep`.
+    pub fn retain_objects(&self, keep: &HashSet<ObjectId>) {
+        self.not_python.retain(keep);
+        self.worker.send(Command::Retain(keep.clone()));
     }
 
     /// Waits until every command sent so far is done.
@@ -177,6 +185,10 @@ impl Handler for State {
                 if let Some(process) = process {
                     self.write_threads(&process);
                 }
+            }
+            Command::Retain(keep) => {
+                self.objects.retain(|id, _| keep.contains(id));
+                self.not_python.retain(&keep);
             }
             Command::Unregister(pid) => {
                 if let Some(keys) = self.threads.remove(&pid) {

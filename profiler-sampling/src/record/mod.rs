@@ -547,6 +547,9 @@ impl Recorder {
             self.runtimes.unregister(pid);
             self.thread_refreshes.remove(&pid);
         }
+        if !gone.is_empty() {
+            self.runtimes.retain_objects(&mapped);
+        }
         self.recording
             .runtime_frames
             .retain(|pid| !gone.contains(&pid));

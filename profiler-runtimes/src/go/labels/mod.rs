@@ -174,6 +174,8 @@ enum Command {
     /// starts and from which file offset (for the load bias).
     Register(u32, Arc<ObjectFile>, u64, u64),
     Unregister(u32),
+    /// Forget the binaries not in the set (no live process maps them).
+    Retain(std::collections::HashSet<ObjectId>),
 }
 
 /// The thread that reads Go binaries' layouts (DWARF of a large binary
@@ -225,6 +227,11 @@ impl GoLabelRegistry {
     /// Forgets `pid` (it exited).
     pub fn unregister(&self, pid: u32) {
         self.worker.send(Command::Unregister(pid));
+    }
+
+    /// Forgets the layouts of the binaries not in `keep`.
+    pub fn retain_objects(&self, keep: &std::collections::HashSet<ObjectId>) {
+        self.worker.send(Command::Retain(keep.clone()));
     }
 
     /// Waits until every registration sent so far is done.
@@ -298,6 +305,7 @@ impl Handler for LabelState {
                 }
                 self.strings.remove(pid);
             }
+            Command::Retain(keep) => self.layouts.retain(|id, _| keep.contains(id)),
         }
     }
 }
