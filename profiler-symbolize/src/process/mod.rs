@@ -439,9 +439,6 @@ pub fn vdso_image() -> Option<Vec<u8>> {
 mod retain_tests {
     use super::*;
 
-    /// Maps re-read for an address outside them: a re-read that finds them
-    /// unchanged is not reported and doubles the wait before the next; one
-    /// that finds new code is reported and resets it.
     /// A maps file larger than one read, with a path that is not UTF-8:
     /// every executable mapping is captured (the odd path byte for byte),
     /// and the comm keeps its spaces.
@@ -482,6 +479,9 @@ mod retain_tests {
         );
     }
 
+    /// Maps re-read for an address outside them: a re-read that finds them
+    /// unchanged is not reported and doubles the wait before the next; one
+    /// that finds new code is reported and resets it.
     #[test]
     fn unchanged_maps_are_read_less_often_and_new_code_is_found() {
         let proc_root = tempfile::tempdir().unwrap();
