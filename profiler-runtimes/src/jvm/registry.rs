@@ -100,7 +100,8 @@ impl JvmRegistry {
 
     /// Forgets what it read of the objects not in `keep`.
     pub fn retain_objects(&self, keep: &HashSet<ObjectId>) {
-        self.not_jvm.retain(keep);
+        // The thread prunes the shared set too, after any insert queued
+        // before this.
         self.worker.send(Command::Retain(keep.clone()));
     }
 
