@@ -845,22 +845,10 @@ fn arm64_symbolize_answers_as_addr2line() {
 /// `go tool objdump -s FUNCTION` of `binary`: the source line of each
 /// instruction (the innermost, inlined one).
 fn go_objdump_lines(binary: &Path, function: &str) -> HashMap<u64, u32> {
-    let output = Command::new(go_toolchain("1.27.3"))
-        .args(["tool", "objdump", "-s"])
-        .arg(format!("^{}$", function.replace('.', "\\.")))
-        .arg(binary)
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .expect("go tool objdump");
-    // "  main.go:34\t\t0x90ca0\t\td37be824\t\tLSL $5, R1, R4"
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|l| {
-            let mut fields = l.split_whitespace();
-            let (_, line) = fields.next()?.rsplit_once(':')?;
-            let pc = u64::from_str_radix(fields.next()?.strip_prefix("0x")?, 16).ok()?;
-            Some((pc, line.parse().ok()?))
-        })
+    let symbols = format!("^{}$", function.replace('.', "\\."));
+    go_objdump(&go_toolchain("1.27.3"), binary, Some(&symbols))
+        .into_iter()
+        .map(|instruction| (instruction.address, instruction.line))
         .collect()
 }
 

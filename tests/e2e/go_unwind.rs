@@ -314,42 +314,25 @@ fn go_callers_stepped_by_frame_record_have_one() {
             .iter()
             .map(|span| (hex(&span["start"]), hex(&span["end"])))
             .collect();
-        let listing = go_command(
-            &go_toolchain(version),
-            binary.parent().unwrap(),
-            &["tool", "objdump", binary.to_str().unwrap()],
-            &[],
-        );
-        let listing = String::from_utf8(listing).unwrap();
         let (mut checked, mut covered) = (0u64, 0u64);
         let mut missing: Vec<String> = Vec::new();
         let mut function = String::new();
         let mut framed = false;
-        for line in listing.lines() {
-            if let Some(rest) = line.strip_prefix("TEXT ") {
-                function = rest.split("(SB)").next().unwrap_or(rest).to_string();
+        for instruction in go_objdump(&go_toolchain(version), &binary, None) {
+            if instruction.function != function {
+                function = instruction.function.clone();
                 framed = false;
-                continue;
             }
-            // "  file:line\t0xADDR\tBYTES\tINSTRUCTION"
-            let fields: Vec<&str> = line.split('\t').filter(|f| !f.is_empty()).collect();
-            let [_, address, bytes, instruction, ..] = fields[..] else {
-                continue;
-            };
-            let Ok(address) = u64::from_str_radix(address.trim_start_matches("0x"), 16) else {
-                continue;
-            };
-            let instruction = instruction.trim();
-            if instruction == "MOVQ SP, BP"
-                || (instruction.starts_with("LEAQ ") && instruction.ends_with("(SP), BP"))
-            {
+            let text = instruction.text.as_str();
+            if text == "MOVQ SP, BP" || (text.starts_with("LEAQ ") && text.ends_with("(SP), BP")) {
                 framed = true;
             }
-            if !instruction.starts_with("CALL ") || instruction.contains("runtime.morestack") {
+            if !text.starts_with("CALL ") || text.contains("runtime.morestack") {
                 continue;
             }
             checked += 1;
-            let return_address = address + bytes.len() as u64 / 2;
+            let address = instruction.address;
+            let return_address = address + instruction.len;
             let looked_up = return_address - 1;
             if ranges
                 .iter()
@@ -357,7 +340,7 @@ fn go_callers_stepped_by_frame_record_have_one() {
             {
                 covered += 1;
                 if !framed {
-                    missing.push(format!("{function} at {address:#x}: {instruction}"));
+                    missing.push(format!("{function} at {address:#x}: {text}"));
                 }
             }
         }

@@ -371,32 +371,18 @@ fn go_arm64_rows_follow_the_prologues() {
         &[("GOARCH", "arm64"), ("CGO_ENABLED", "0")],
     );
     let table = table_of(&binary);
-    let objdump = String::from_utf8(go_command(
-        &go,
-        dir.path(),
-        &[
-            "tool",
-            "objdump",
-            "-s",
-            "^main\\.",
-            binary.to_str().unwrap(),
-        ],
-        &[],
-    ))
-    .unwrap();
+    let listing = go_objdump(&go, &binary, Some("^main\\."));
     // TEXT main.f(SB) file
     //   file:line  0x10a000  eb3063ff  CMP R16, RSP   (stack check first)
     //   file:line  0x10a008  f81b0ffe  MOVD.W R30, -80(RSP)
     let mut checked = 0;
-    for line in objdump.lines() {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let Some(address) = words
-            .get(1)
-            .and_then(|a| u64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
-        else {
-            continue;
-        };
-        let instruction = words[3..].join(" ");
+    for GoInstruction {
+        address,
+        text: instruction,
+        ..
+    } in &listing
+    {
+        let address = *address;
         if let Some(size) = instruction
             .strip_prefix("MOVD.W R30, -")
             .and_then(|r| r.strip_suffix("(RSP)"))
@@ -417,7 +403,8 @@ fn go_arm64_rows_follow_the_prologues() {
     }
     assert!(
         checked >= 3,
-        "only {checked} Go prologues checked:\n{objdump}"
+        "only {checked} Go prologues checked in {} instructions of main.*: {listing:#?}",
+        listing.len()
     );
     assert_eq!(
         table

@@ -74,6 +74,79 @@ pub fn go_command(go: &Path, dir: &Path, args: &[&str], env: &[(&str, &str)]) ->
     output.stdout
 }
 
+/// One instruction of a `go tool objdump` listing.
+#[derive(Debug, Clone)]
+pub struct GoInstruction {
+    /// The function it is in: the symbol of the listing's last `TEXT` line.
+    pub function: String,
+    /// Its source line (the innermost inlined call's): file name and line.
+    pub file: String,
+    pub line: u32,
+    pub address: u64,
+    /// Bytes of its encoding.
+    pub len: u64,
+    /// The instruction as Go's assembler writes it (`CALL main.f(SB)`).
+    pub text: String,
+}
+
+/// `go tool objdump [-s SYMBOLS] BINARY` with toolchain `go`, parsed: the
+/// one parser of that listing for every test that checks rows, frame
+/// records or inlined lines against the Go toolchain's own disassembly.
+/// Its lines are `TEXT main.f(SB) FILE`, then for each instruction
+/// `  file.go:LINE<TAB>0xADDR<TAB>HEX BYTES<TAB>TEXT` (tabs doubled on
+/// some versions).
+pub fn go_objdump(go: &Path, binary: &Path, symbols: Option<&str>) -> Vec<GoInstruction> {
+    let mut args = vec!["tool", "objdump"];
+    if let Some(symbols) = symbols {
+        args.extend(["-s", symbols]);
+    }
+    let binary_arg = binary.to_str().expect("a UTF-8 binary path");
+    args.push(binary_arg);
+    let dir = binary.parent().unwrap_or(Path::new("."));
+    let listing = go_command(go, dir, &args, &[]);
+    parse_go_objdump(&String::from_utf8_lossy(&listing))
+}
+
+/// [`go_objdump`]'s parser.
+pub fn parse_go_objdump(listing: &str) -> Vec<GoInstruction> {
+    let mut function = String::new();
+    let mut instructions = Vec::new();
+    for line in listing.lines() {
+        if let Some(rest) = line.strip_prefix("TEXT ") {
+            function = rest.split("(SB)").next().unwrap_or(rest).to_string();
+            continue;
+        }
+        let fields: Vec<&str> = line
+            .split('\t')
+            .map(str::trim)
+            .filter(|f| !f.is_empty())
+            .collect();
+        let [position, address, bytes, text, ..] = fields[..] else {
+            continue;
+        };
+        let Some((file, line)) = position.rsplit_once(':') else {
+            continue;
+        };
+        let (Ok(line), Some(Ok(address))) = (
+            line.parse(),
+            address
+                .strip_prefix("0x")
+                .map(|hex| u64::from_str_radix(hex, 16)),
+        ) else {
+            continue;
+        };
+        instructions.push(GoInstruction {
+            function: function.clone(),
+            file: file.to_string(),
+            line,
+            address,
+            len: bytes.len() as u64 / 2,
+            text: text.to_string(),
+        });
+    }
+    instructions
+}
+
 /// Builds the Go fixture `tests/fixtures/go` with toolchain `version` and
 /// the given `go build` flags and environment; returns the binary.
 pub fn build_go_fixture(
@@ -105,4 +178,41 @@ pub fn is_wide_label_set(labels: &std::collections::HashMap<String, String>) -> 
         || labels
             .keys()
             .any(|k| k.starts_with('k') || k == "long" || k == "const")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objdump_listing_parses_by_function() {
+        let listing = "TEXT main.hot(SB) /src/main.go\n\
+            \x20 main.go:34\t\t0x90ca0\t\td37be824\t\tLSL $5, R1, R4\t\n\
+            \x20 main.go:35\t0x90ca4\te8abcdef00\tCALL main.mix(SB)\n\
+            TEXT main.mix(SB) /src/main.go\n\
+            \x20 :0\t0x90cb0\t90\tNOP\n\
+            not an instruction\n";
+        let parsed = parse_go_objdump(listing);
+        let seen: Vec<_> = parsed
+            .iter()
+            .map(|i| {
+                (
+                    i.function.as_str(),
+                    i.line,
+                    i.address,
+                    i.len,
+                    i.text.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("main.hot", 34, 0x90ca0, 4, "LSL $5, R1, R4"),
+                ("main.hot", 35, 0x90ca4, 5, "CALL main.mix(SB)"),
+                ("main.mix", 0, 0x90cb0, 1, "NOP"),
+            ]
+        );
+        assert_eq!(parsed[0].file, "main.go");
+    }
 }
