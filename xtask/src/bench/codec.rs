@@ -72,6 +72,10 @@ pub fn symbolize(env: &Env, plan: &Plan) -> anyhow::Result<Vec<SymbolizeRow>> {
     Ok(rows)
 }
 
+/// Runs of each tool in the Go symbolization row (about 70 ms a run of the
+/// two tools, with one address and with all).
+const GO_SYMBOLIZE_RUNS: usize = 21;
+
 /// The agent's Go symbolizer (the pclntab, inlined calls expanded) against
 /// Go's own `debug/gosym` (`PCToLine`, no inlining) on the same addresses
 /// of the Go service workload, one invocation each, parsing included.
@@ -92,10 +96,13 @@ pub fn go_symbolize(env: &Env, plan: &Plan) -> anyhow::Result<SymbolizeRow> {
         c.arg(&binary);
         timed(&mut c, Some(input), "gosym (debug/gosym)")
     };
-    // Tens of milliseconds each: the median of five runs, the two tools
+    // Tens of milliseconds each, so one slow or lucky run moves a median
+    // of five: the committed run of 2026-12-06 had Go's tool 49% faster
+    // than the run before with neither changed. The median of 21 runs, the
+    // two tools
     // alternated.
     let mut times: [Vec<f64>; 4] = Default::default();
-    for _ in 0..5 {
+    for _ in 0..GO_SYMBOLIZE_RUNS {
         times[0].push(time_agent(&addresses[..1])?);
         times[1].push(time_gosym(&addresses[..1])?);
         times[2].push(time_agent(&addresses)?);
@@ -106,7 +113,7 @@ pub fn go_symbolize(env: &Env, plan: &Plan) -> anyhow::Result<SymbolizeRow> {
         t[t.len() / 2]
     });
     Ok(SymbolizeRow {
-        binary: "Go service (Go 1.19) vs `debug/gosym`, medians of 5".into(),
+        binary: format!("Go service (Go 1.19) vs `debug/gosym`, medians of {GO_SYMBOLIZE_RUNS}"),
         functions: functions.len(),
         addresses: addresses.len(),
         agent_one,
