@@ -271,13 +271,30 @@ fn one_condition(
     if let Some(tracer) = tracer.take() {
         tracer.interrupt()?;
         let log = tracer_log(env, rep, condition);
-        let (status, _) = tracer.wait(Duration::from_secs(180))?;
+        let name = tracer.name.clone();
+        let (status, _) = tracer.wait_or_kill(Duration::from_secs(180))?;
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if matches!(
+        let is_agent = matches!(
             condition,
             Condition::AgentCpu | Condition::AgentOffCpu | Condition::AgentOffCpuEvery
-        ) && !status.success()
-        {
+        );
+        let Some(status) = status else {
+            // The agent must stop when told. A peer that hangs on its way
+            // out has already been measured: its throughputs stand, and
+            // only what it prints at exit (gopark counts) is lost. bpftrace
+            // 0.17 with this sched_switch script was seen twice to print
+            // nothing and not exit for 180 s after SIGINT, while the same
+            // build passed on the runs around them.
+            if is_agent {
+                anyhow::bail!("{name} did not exit within 180s of SIGINT; killed it: {text}");
+            }
+            eprintln!(
+                "bench: {name} did not exit within 180s of SIGINT; killed it \
+                 (its measured throughputs stand)"
+            );
+            return Ok(());
+        };
+        if is_agent && !status.success() {
             anyhow::bail!("the agent failed ({status}): {text}");
         }
         if condition == Condition::GoParkProbes {
