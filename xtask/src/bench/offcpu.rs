@@ -269,30 +269,18 @@ fn one_condition(
         }
     }
     if let Some(tracer) = tracer.take() {
-        tracer.interrupt()?;
         let log = tracer_log(env, rep, condition);
-        let name = tracer.name.clone();
-        let (status, _) = tracer.wait_or_kill(Duration::from_secs(180))?;
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
         let is_agent = matches!(
             condition,
             Condition::AgentCpu | Condition::AgentOffCpu | Condition::AgentOffCpuEvery
         );
-        let Some(status) = status else {
-            // The agent must stop when told. A peer that hangs on its way
-            // out has already been measured: its throughputs stand, and
-            // only what it prints at exit (gopark counts) is lost. bpftrace
-            // 0.17 with this sched_switch script was seen twice to print
-            // nothing and not exit for 180 s after SIGINT, while the same
-            // build passed on the runs around them.
-            if is_agent {
-                anyhow::bail!("{name} did not exit within 180s of SIGINT; killed it: {text}");
-            }
-            eprintln!(
-                "bench: {name} did not exit within 180s of SIGINT; killed it \
-                 (its measured throughputs stand)"
-            );
-            return Ok(());
+        let status = tracer.stop_tracer(Duration::from_secs(180), is_agent);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let status = match status {
+            Ok(Some(status)) => status,
+            // A peer that hung at exit: its throughputs stand.
+            Ok(None) => return Ok(()),
+            Err(error) => anyhow::bail!("{error:#}: {text}"),
         };
         if is_agent && !status.success() {
             anyhow::bail!("the agent failed ({status}): {text}");

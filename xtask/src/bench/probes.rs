@@ -182,9 +182,11 @@ fn one_run(
         _ => None,
     };
     if let Some(process) = tracer_process {
-        process.interrupt()?;
-        let (status, _) = process.wait(Duration::from_secs(60))?;
-        if tracer == Tracer::Agent && !status.success() {
+        let status = process.stop_tracer(Duration::from_secs(60), tracer == Tracer::Agent)?;
+        if let Some(status) = status
+            && tracer == Tracer::Agent
+            && !status.success()
+        {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             anyhow::bail!("the agent failed ({status}): {text}");
         }

@@ -119,6 +119,28 @@ impl Managed {
         Ok(())
     }
 
+    /// Tells a tracer to stop (SIGINT) and waits up to `timeout`. The agent
+    /// (`ours`) must stop when told: not exiting is an error. A peer that
+    /// hangs on its way out has already been measured, so it is killed and
+    /// reported, and `None` is returned: bpftrace 0.17 was seen, now and
+    /// then, to print nothing and not exit for minutes after SIGINT, while
+    /// the same runs passed before and after.
+    pub fn stop_tracer(self, timeout: Duration, ours: bool) -> anyhow::Result<Option<ExitStatus>> {
+        self.interrupt()?;
+        let name = self.name.clone();
+        let (status, _) = self.wait_or_kill(timeout)?;
+        if status.is_none() {
+            if ours {
+                bail!("{name} did not exit within {timeout:?} of SIGINT; killed it");
+            }
+            eprintln!(
+                "bench: {name} did not exit within {timeout:?} of SIGINT; killed it \
+                 (what it measured stands; what it prints at exit is lost)"
+            );
+        }
+        Ok(status)
+    }
+
     /// Waits up to `timeout` for the process to exit; kills it after that.
     /// Returns its exit status and the last usage seen while it lived.
     pub fn wait(self, timeout: Duration) -> anyhow::Result<(ExitStatus, Usage)> {
