@@ -106,7 +106,7 @@ impl Sample {
     pub fn wire_len(&self) -> usize {
         let frames = self.kernel_frames as usize + self.user_frames as usize;
         let labels = match self.go_labels() {
-            Some(labels) => runtimes::go::GoLabels::block_len(labels.count as usize),
+            Some(labels) => labels.len(),
             None => 0,
         };
         Self::record_len(frames) + labels
@@ -132,7 +132,9 @@ impl Sample {
                 .add(Self::record_len(frames))
                 .cast::<runtimes::go::GoLabels>()
         };
-        (labels.count as usize <= runtimes::go::MAX_GO_LABELS).then_some(labels)
+        (labels.count as usize <= runtimes::go::MAX_GO_LABELS
+            && labels.entries_len as usize <= runtimes::go::GO_LABELS_ROOM)
+            .then_some(labels)
     }
 
     /// The kernel stack, leaf first.

@@ -29,8 +29,7 @@ use profiler_common::offcpu::{
 use profiler_common::{
     Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, MAX_USER_FRAMES, SAMPLE_FLAG_GO_LABELS,
     SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING,
-    SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK, Sample, UserRegs,
-    runtimes::go::{GoLabels, MAX_GO_LABELS},
+    SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK, Sample, UserRegs, runtimes::go::GoLabels,
 };
 
 use crate::{KERNEL_STACK_BYTES, bump, machine, runtimes, send, traced, unwind};
@@ -249,7 +248,7 @@ unsafe fn stack_hash(record: *mut Sample, frames: u32) -> u64 {
                 .cast::<u8>()
                 .add(Sample::record_len(frames))
                 .cast::<GoLabels>();
-            words += GoLabels::block_len(((*labels).count as usize).min(MAX_GO_LABELS)) / 8;
+            words += (*labels).len() / 8;
         }
         let mut context = HashContext {
             words: (*record).frames.as_ptr(),
@@ -461,7 +460,7 @@ unsafe fn emit(record: *const Sample, frames: u32) -> bool {
     unsafe {
         if (*record).flags & SAMPLE_FLAG_GO_LABELS != 0 {
             let labels = record.cast::<u8>().add(len).cast::<GoLabels>();
-            len += GoLabels::block_len(((*labels).count as usize).min(MAX_GO_LABELS));
+            len += (*labels).len();
         }
     }
     // SAFETY: the caller's promise; len <= size_of Sample.

@@ -57,9 +57,10 @@ impl UserStacks {
         }
         let labels = match record.go_labels() {
             Some(block) => {
-                let len = GoLabels::block_len(block.count as usize);
+                let len = block.len();
                 // SAFETY: the block is `len` readable bytes inside the
-                // record (`go_labels` checked its count).
+                // record (`len` is at most a whole block, and the sample's
+                // `tail` holds one after any number of frames).
                 unsafe { std::slice::from_raw_parts((block as *const GoLabels).cast::<u8>(), len) }
                     .to_vec()
             }
@@ -144,7 +145,8 @@ impl UserStack {
 mod tests {
     use super::*;
     use profiler_common::{
-        MAX_USER_FRAMES, SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK, unwind::UserStackEnd,
+        MAX_USER_FRAMES, SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK, runtimes::go::GoString,
+        unwind::UserStackEnd,
     };
 
     fn record(kind: u8, tid: u32, stack_id: u32) -> Box<Sample> {
@@ -269,8 +271,14 @@ mod tests {
                 .cast::<GoLabels>();
             let block = &mut *block;
             block.goid = 42;
-            block.count = 1;
-            block.labels[0].key[..8].copy_from_slice(b"endpoint");
+            block.count = 0;
+            block.entries_len = 0;
+            block.push(
+                GoString::Copied(b"endpoint"),
+                8,
+                GoString::InBinary(0x401000),
+                4,
+            );
         }
         stacks.keep(&with_labels);
         let mut joined = interval(10, 3, &[0xffff_8000_0000_1000]);
@@ -278,7 +286,10 @@ mod tests {
         let labels = joined.go_labels().expect("the labels block");
         assert_eq!(labels.goid, 42);
         assert_eq!(labels.count, 1);
-        assert_eq!(&labels.labels[0].key[..8], b"endpoint");
+        let label = labels.labels().next().unwrap();
+        assert_eq!(label.key, GoString::Copied(b"endpoint"));
+        assert_eq!(label.value, GoString::InBinary(0x401000));
         assert_eq!(joined.wire_len(), with_labels.wire_len() + 8);
+        assert_eq!(labels.len(), GoLabels::HEADER_LEN + 24);
     }
 }

@@ -17,8 +17,9 @@ use aya_ebpf::{
 use profiler_common::{
     Counter, UserRegs,
     runtimes::go::{
-        GO_LABELS_CUT, GO_LABELS_MAP, GO_LABELS_SLICE, GO_PROCESS_TLS, GoLabel, GoLabels,
-        GoProcess, MAX_GO_LABELS, MAX_GO_PROCESSES, key_in_binary, value_in_binary,
+        GO_LABEL_KEY_BYTES, GO_LABEL_VALUE_BYTES, GO_LABELS_CUT, GO_LABELS_LAST_ENTRY,
+        GO_LABELS_MAP, GO_LABELS_OFFSET_MASK, GO_LABELS_ROOM, GO_LABELS_SLICE, GO_PROCESS_TLS,
+        GoLabels, GoProcess, MAX_GO_LABELS, MAX_GO_PROCESSES, key_in_binary, value_in_binary,
     },
 };
 
@@ -150,6 +151,7 @@ unsafe fn read_labels(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32
     labels.goid = curg.goid;
     labels.count = 0;
     labels.flags = 0;
+    labels.entries_len = 0;
     labels.in_binary = 0;
     let strings = Strings {
         start: process.strings_start,
@@ -166,8 +168,7 @@ unsafe fn read_labels(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32
     if labels.flags & GO_LABELS_CUT != 0 {
         bump(Counter::GoLabelsCut);
     }
-    let count = (labels.count as usize).min(MAX_GO_LABELS);
-    Some(GoLabels::block_len(count))
+    Some(GoLabels::HEADER_LEN + (labels.entries_len as usize).min(GO_LABELS_ROOM))
 }
 
 /// The fields of a g the labels need.
@@ -394,68 +395,116 @@ impl Strings {
     }
 }
 
-/// Copies one label (key pointer, key length, value pointer, value
-/// length) into the next entry; a string in the binary's read-only data
-/// by its address only.
+/// Appends one label (key pointer, key length, value pointer, value
+/// length) to the block's entries (`GoLabels::entries`); a string in the
+/// binary's read-only data by its address only.
 #[inline(always)]
 fn push(labels: &mut GoLabels, strings: &Strings, [key, key_len, value, value_len]: [u64; 4]) {
     if labels.count as usize >= MAX_GO_LABELS {
         labels.flags |= GO_LABELS_CUT;
         return;
     }
-    // The index from a second, volatile load, masked (MAX_GO_LABELS is a
-    // power of two): with the compared value itself, the compiler kept a
-    // copy spilled before the comparison and computed the entry's address
-    // from it, which arm64's 6.1 verifier does not bound (it refused the
-    // program); a mask it cannot prove redundant bounds the very register.
-    // SAFETY: a field of the caller's block.
-    let count = unsafe { core::ptr::read_volatile(&raw const labels.count) };
-    let index = count as usize & (MAX_GO_LABELS - 1);
-    let Some(entry) = labels.labels.get_mut(index) else {
-        return;
+    // The index and the offset from second, volatile loads, masked
+    // before anything else: with the values compared instead, the
+    // compiler kept copies spilled before the comparison and computed
+    // addresses from them, which arm64's 6.1 verifier does not bound (it
+    // refused the program); a masked value is bounded wherever it goes.
+    // SAFETY: fields of the caller's block.
+    let (count, at) = unsafe {
+        (
+            core::ptr::read_volatile(&raw const labels.count),
+            core::ptr::read_volatile(&raw const labels.entries_len),
+        )
     };
-    let cut = take_string(&mut entry.key, strings, key, key_len)
-        | take_string(&mut entry.value, strings, value, value_len);
-    if strings.holds(key) {
+    let index = count as usize & (MAX_GO_LABELS - 1);
+    let at = at as usize & GO_LABELS_OFFSET_MASK;
+    if at > GO_LABELS_LAST_ENTRY {
+        labels.flags |= GO_LABELS_CUT;
+        return;
+    }
+    let entry = labels.entries.as_mut_ptr().wrapping_add(at);
+    // SAFETY: `at` leaves room for a whole entry (GO_LABELS_ROOM),
+    // 8-byte aligned: the entries start aligned and each is whole words.
+    unsafe {
+        entry.cast::<u64>().write(
+            u64::from(key_len.min(u32::MAX as u64) as u32)
+                | u64::from(value_len.min(u32::MAX as u64) as u32) << 32,
+        );
+    }
+    let key = put_string::<GO_LABEL_KEY_BYTES>(entry.wrapping_add(8), strings, key, key_len);
+    // Masked: what the verifier is told of the key's area (at most 32
+    // bytes; GO_LABELS_ROOM allows for 63).
+    let key_area = key.area & 63;
+    let value = put_string::<GO_LABEL_VALUE_BYTES>(
+        entry.wrapping_add(8 + key_area),
+        strings,
+        value,
+        value_len,
+    );
+    if key.in_binary {
         labels.in_binary |= key_in_binary(index);
     }
-    if strings.holds(value) {
+    if value.in_binary {
         labels.in_binary |= value_in_binary(index);
     }
-    entry.key_len = key_len.min(u32::MAX as u64) as u32;
-    entry.value_len = value_len.min(u32::MAX as u64) as u32;
-    if cut {
+    if key.cut || value.cut {
         labels.flags |= GO_LABELS_CUT;
     }
+    labels.entries_len = (at + 8 + key_area + (value.area & 127)) as u16;
     labels.count += 1;
 }
 
-/// Keeps a Go string in `dst`: its address when it lies in the binary's
-/// read-only data, else at most `N` of its bytes; true when it is longer
-/// than `N` (user space cuts a string it reads from the binary alike).
-#[inline(always)]
-fn take_string<const N: usize>(dst: &mut [u8; N], strings: &Strings, src: u64, len: u64) -> bool {
-    if !strings.holds(src) {
-        return copy_string(dst, src, len);
-    }
-    if let Some(word) = dst.first_chunk_mut::<8>() {
-        *word = src.to_ne_bytes();
-    }
-    len > N as u64
+/// What `put_string` wrote.
+struct Area {
+    /// Bytes of the area (`profiler_common::runtimes::go::area_len`).
+    area: usize,
+    /// The string lies in the binary: the area is its address.
+    in_binary: bool,
+    /// The string is longer than what was kept (user space cuts a string
+    /// it reads from the binary alike).
+    cut: bool,
 }
 
-/// Copies at most `N` bytes of a Go string; true when it was longer.
+/// Writes a Go string's area at `dst` (`GoLabels::entries`): its address
+/// when it lies in the binary's read-only data, else at most `N` of its
+/// bytes, zero-padded to whole words.
 #[inline(always)]
-fn copy_string<const N: usize>(dst: &mut [u8; N], src: u64, len: u64) -> bool {
-    let n = if len > N as u64 { N as u32 } else { len as u32 };
-    if n > 0 && n <= N as u32 {
-        // SAFETY: `n` is at most `dst`'s length; the helper checks `src`
-        // and leaves zeroes on a fault.
-        unsafe {
-            read_user_raw(dst.as_mut_ptr().cast(), n, src as *const _);
-        }
+fn put_string<const N: usize>(dst: *mut u8, strings: &Strings, src: u64, len: u64) -> Area {
+    let cut = len > N as u64;
+    if strings.holds(src) {
+        // SAFETY: `dst` has room for `N` >= 8 bytes (the caller's bound).
+        unsafe { dst.cast::<u64>().write(src) };
+        return Area {
+            area: 8,
+            in_binary: true,
+            cut,
+        };
     }
-    len > N as u64
+    let n = if cut { N } else { len as usize };
+    if n == 0 || n > N {
+        return Area {
+            area: 0,
+            in_binary: false,
+            cut,
+        };
+    }
+    // The word holding the string's last byte, zeroed first so that the
+    // padding after the string is zeroes (the off-CPU program hashes the
+    // block's words). Masked: the verifier does not carry `n`'s checks
+    // over to it (`n - 1` may be -1 for all it knows).
+    let last_word = (n - 1) & (N.next_power_of_two() - 8);
+    // SAFETY: `dst` has room for `N.next_power_of_two()` bytes (the
+    // caller's bound, GO_LABELS_ROOM) and `n` is at most `N`; the helper
+    // checks `src` and leaves zeroes on a fault.
+    unsafe {
+        dst.wrapping_add(last_word).cast::<u64>().write(0);
+        read_user_raw(dst.cast(), n as u32, src as *const _);
+    }
+    Area {
+        area: (n + 7) & !7,
+        in_binary: false,
+        cut,
+    }
 }
 
 /// A user address that may point at Go heap or stack (not null, in the
@@ -481,5 +530,6 @@ fn read_user<T>(address: u64) -> Option<T> {
     unsafe { bpf_probe_read_user(address as *const T) }.ok()
 }
 
-// Blocks start 8-byte aligned after the frames, and each entry keeps them so.
-const _: () = assert!(core::mem::size_of::<GoLabel>() % 8 == 0);
+// Blocks start 8-byte aligned after the frames, and entries are whole
+// words.
+const _: () = assert!(GoLabels::HEADER_LEN.is_multiple_of(8));

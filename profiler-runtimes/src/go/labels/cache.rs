@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use profiler_common::Sample;
-use profiler_common::runtimes::go::{GoLabels, key_in_binary, value_in_binary};
+use profiler_common::runtimes::go::{GoLabels, GoString};
 
 use super::{GoLabelsConfig, GoStrings, labels_of};
 
@@ -77,9 +77,8 @@ impl LabelCache {
 
 /// What `labels_of` reads of a block, as bytes: the pid, which strings
 /// were sent by address, the count, the goroutine id when it is a label,
-/// and per label the lengths and either the address or the kept bytes.
-/// Bytes past a copied string's length are left out (the sampling program
-/// does not clear them), so one label set is one key.
+/// and the entries written (lengths, addresses, kept bytes; the sampling
+/// program zeroes their padding), so one label set is one key.
 fn block_key(key: &mut Vec<u8>, pid: u32, block: &GoLabels, goroutine: bool) {
     key.clear();
     key.extend_from_slice(&pid.to_ne_bytes());
@@ -88,18 +87,14 @@ fn block_key(key: &mut Vec<u8>, pid: u32, block: &GoLabels, goroutine: bool) {
     if goroutine {
         key.extend_from_slice(&block.goid.to_ne_bytes());
     }
-    for (i, label) in block.labels.iter().take(block.count as usize).enumerate() {
+    for label in block.labels() {
         key.extend_from_slice(&label.key_len.to_ne_bytes());
         key.extend_from_slice(&label.value_len.to_ne_bytes());
-        if block.in_binary & key_in_binary(i) != 0 {
-            key.extend_from_slice(&label.key[..8]);
-        } else {
-            key.extend_from_slice(label.key().0);
-        }
-        if block.in_binary & value_in_binary(i) != 0 {
-            key.extend_from_slice(&label.value[..8]);
-        } else {
-            key.extend_from_slice(label.value().0);
+        for string in [label.key, label.value] {
+            match string {
+                GoString::InBinary(address) => key.extend_from_slice(&address.to_ne_bytes()),
+                GoString::Copied(bytes) => key.extend_from_slice(bytes),
+            }
         }
     }
 }
@@ -119,19 +114,22 @@ mod tests {
     fn with_goroutine(pid: u32, tier: &[u8], junk: u8, goid: u64) -> Box<Sample> {
         let mut sample = labelled_sample(pid);
         let block = block(&mut sample);
-        block.count = 2;
         block.goid = goid;
-        let labels = &mut block.labels;
-        labels[0].key[..4].copy_from_slice(b"tier");
-        labels[0].key_len = 4;
-        labels[0].value.fill(junk);
-        labels[0].value[..tier.len()].copy_from_slice(tier);
-        labels[0].value_len = tier.len() as u32;
-        labels[1].key[..4].copy_from_slice(b"zone");
-        labels[1].key_len = 4;
-        labels[1].value[..8].copy_from_slice(&0x401100u64.to_ne_bytes());
-        labels[1].value_len = 4;
-        block.in_binary = value_in_binary(1);
+        block.push(
+            GoString::Copied(b"tier"),
+            4,
+            GoString::Copied(tier),
+            tier.len() as u32,
+        );
+        block.push(
+            GoString::Copied(b"zone"),
+            4,
+            GoString::InBinary(0x401100),
+            4,
+        );
+        // The first value's padding (its area starts after the lengths and
+        // "tier"'s word).
+        block.entries[16 + tier.len()..24].fill(junk);
         sample
     }
 

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use profiler_common::Sample;
 use profiler_common::runtimes::go::{
-    GO_LABEL_KEY_BYTES, GO_LABEL_VALUE_BYTES, GoProcess, key_in_binary, value_in_binary,
+    GO_LABEL_KEY_BYTES, GO_LABEL_VALUE_BYTES, GoProcess, GoString,
 };
 
 use profiler_symbolize::process::{ObjectFile, ObjectId, Process};
@@ -90,32 +90,15 @@ pub fn labels_of(
         return Vec::new();
     };
     let mut labels: Vec<(String, String)> = block
-        .labels
-        .iter()
-        .take(block.count as usize)
-        .enumerate()
-        .filter_map(|(i, label)| {
+        .labels()
+        .filter_map(|label| {
             // A string the program copied, or one it sent by address.
-            let string = |in_binary: u32, copied: (&[u8], bool), address: u64, len, kept| {
-                if block.in_binary & in_binary == 0 {
-                    return Some(text(copied));
-                }
-                from_binary(strings, sample.pid, address, len, kept)
+            let string = |string: GoString<'_>, len: u32, kept: usize| match string {
+                GoString::Copied(bytes) => Some(text((bytes, len as usize > kept))),
+                GoString::InBinary(address) => from_binary(strings, sample.pid, address, len, kept),
             };
-            let key = string(
-                key_in_binary(i),
-                label.key(),
-                label.key_address(),
-                label.key_len,
-                GO_LABEL_KEY_BYTES,
-            )?;
-            let value = string(
-                value_in_binary(i),
-                label.value(),
-                label.value_address(),
-                label.value_len,
-                GO_LABEL_VALUE_BYTES,
-            )?;
+            let key = string(label.key, label.key_len, GO_LABEL_KEY_BYTES)?;
+            let value = string(label.value, label.value_len, GO_LABEL_VALUE_BYTES)?;
             Some((key, value))
         })
         .filter(|(key, _)| !key.is_empty() && config.keeps(key))
@@ -437,22 +420,19 @@ mod tests {
 
         let mut sample = labelled_sample(42);
         let block = block(&mut sample);
-        block.count = 3;
-        let labels = &mut block.labels;
-        labels[0].key[..4].copy_from_slice(b"tier");
-        labels[0].key_len = 4;
-        labels[0].value[..8].copy_from_slice(&0x401100u64.to_ne_bytes());
-        labels[0].value_len = 4;
-        labels[1].key[..8].copy_from_slice(&0x401200u64.to_ne_bytes());
-        labels[1].key_len = 8;
-        labels[1].value[..8].copy_from_slice(&0x401300u64.to_ne_bytes());
-        labels[1].value_len = 120;
-        labels[2].key[..8].copy_from_slice(&0x900000u64.to_ne_bytes());
-        labels[2].key_len = 4;
-        labels[2].value[..3].copy_from_slice(b"odd");
-        labels[2].value_len = 3;
-        block.in_binary =
-            value_in_binary(0) | key_in_binary(1) | value_in_binary(1) | key_in_binary(2);
+        block.push(
+            GoString::Copied(b"tier"),
+            4,
+            GoString::InBinary(0x401100),
+            4,
+        );
+        block.push(
+            GoString::InBinary(0x401200),
+            8,
+            GoString::InBinary(0x401300),
+            120,
+        );
+        block.push(GoString::InBinary(0x900000), 4, GoString::Copied(b"odd"), 3);
 
         let config = GoLabelsConfig::default();
         assert_eq!(
