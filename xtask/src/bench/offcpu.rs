@@ -276,7 +276,7 @@ fn one_condition(
         );
         let status = tracer.stop_tracer(Duration::from_secs(180), is_agent);
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let status = match status {
+        let status = match status.map(|(status, _)| status) {
             Ok(Some(status)) => status,
             // A peer that hung at exit: its throughputs stand.
             Ok(None) => return Ok(()),

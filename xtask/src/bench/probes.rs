@@ -182,7 +182,7 @@ fn one_run(
         _ => None,
     };
     if let Some(process) = tracer_process {
-        let status = process.stop_tracer(Duration::from_secs(60), tracer == Tracer::Agent)?;
+        let (status, _) = process.stop_tracer(Duration::from_secs(60), tracer == Tracer::Agent)?;
         if let Some(status) = status
             && tracer == Tracer::Agent
             && !status.success()

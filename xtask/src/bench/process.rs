@@ -125,10 +125,15 @@ impl Managed {
     /// reported, and `None` is returned: bpftrace 0.17 was seen, now and
     /// then, to print nothing and not exit for minutes after SIGINT, while
     /// the same runs passed before and after.
-    pub fn stop_tracer(self, timeout: Duration, ours: bool) -> anyhow::Result<Option<ExitStatus>> {
+    /// Also returns the usage seen while it lived.
+    pub fn stop_tracer(
+        self,
+        timeout: Duration,
+        ours: bool,
+    ) -> anyhow::Result<(Option<ExitStatus>, Usage)> {
         self.interrupt()?;
         let name = self.name.clone();
-        let (status, _) = self.wait_or_kill(timeout)?;
+        let (status, usage) = self.wait_or_kill(timeout)?;
         if status.is_none() {
             if ours {
                 bail!("{name} did not exit within {timeout:?} of SIGINT; killed it");
@@ -138,7 +143,7 @@ impl Managed {
                  (what it measured stands; what it prints at exit is lost)"
             );
         }
-        Ok(status)
+        Ok((status, usage))
     }
 
     /// Waits up to `timeout` for the process to exit; kills it after that.

@@ -337,43 +337,26 @@ impl Running {
         let Some(process) = self.process.take() else {
             return Ok(Stopped::default());
         };
-        process.interrupt()?;
+        // The agent must stop when told. A baseline that hangs on its way
+        // out (bpftrace and bcc's profile were seen stuck after SIGINT) has
+        // already been measured: its window's costs stand.
         let name = process.name.clone();
-        let (status, usage) = process.wait_or_kill(STOP_TIMEOUT)?;
-        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let Some(status) = status else {
-            // The agent must stop when told. A baseline that hangs on its
-            // way out (bpftrace was once seen stuck printing its maps after
-            // SIGINT) has already been measured: its window's costs stand,
-            // and nothing of ours failed.
-            if self.tool == Tool::Agent {
-                bail!(
-                    "{name} did not exit within {STOP_TIMEOUT:?} of SIGINT; killed it:\n{}",
-                    super::process::log_tail(&self.log)
-                );
-            }
-            eprintln!(
-                "bench: {name} did not exit within {STOP_TIMEOUT:?} of SIGINT; killed it \
-                 (its measured window stands)"
-            );
-            return Ok(Stopped {
-                peak_rss_bytes: usage.peak_rss_bytes,
-                cpu_seconds: usage.cpu_seconds,
-                log,
-            });
-        };
+        let log_tail = || super::process::log_tail(&self.log);
+        let (status, usage) = process
+            .stop_tracer(STOP_TIMEOUT, self.tool == Tool::Agent)
+            .map_err(|error| anyhow::anyhow!("{error:#}:\n{}", log_tail()))?;
         // perf and bcc exit non-zero on SIGINT in some versions; only the
         // agent's own exit status is a result here.
-        if self.tool == Tool::Agent && !status.success() {
-            bail!(
-                "{name} failed ({status}):\n{}",
-                super::process::log_tail(&self.log)
-            );
+        if let Some(status) = status
+            && self.tool == Tool::Agent
+            && !status.success()
+        {
+            bail!("{name} failed ({status}):\n{}", log_tail());
         }
         Ok(Stopped {
             peak_rss_bytes: usage.peak_rss_bytes,
             cpu_seconds: usage.cpu_seconds,
-            log,
+            log: std::fs::read_to_string(&self.log).unwrap_or_default(),
         })
     }
 }
