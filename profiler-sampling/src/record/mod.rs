@@ -659,10 +659,13 @@ fn aggregate(
             recording.stacks.insert(key, counts);
         }
     }
-    if recording
-        .processes
-        .observe_stack(sample.pid, user, new, now)
-        && let Some(process) = recording.processes.get(sample.pid)
+    if recording.processes.observe_stack(
+        sample.pid,
+        user,
+        new,
+        now,
+        (sample.tid == sample.pid).then_some(&sample.comm[..]),
+    ) && let Some(process) = recording.processes.get(sample.pid)
     {
         if let Some(tables) = tables {
             tables.register(process);
