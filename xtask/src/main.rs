@@ -32,6 +32,17 @@ commands:
                       for N seconds each [default: 60]";
 
 fn main() -> ExitCode {
+    // Started from a background shell job or `nohup` (as CI scripts do),
+    // this process inherits SIGINT ignored, and so would every tool it
+    // starts: the bench stops perf, bpftrace and bcc with SIGINT, and
+    // bcc's Python tools never install a handler over an ignored signal.
+    // They slept on until killed, 180 s each, and what they print at exit
+    // was lost (every bcc `profile` of a full bench run started that way).
+    // bpftrace installs its own handler and is not affected. The default
+    // disposition is what a terminal gives them.
+    // SAFETY: at start-up, before any thread: `signal` with SIG_DFL only
+    // restores the default action.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("setup") => setup::ensure(if args.iter().any(|a| a == "--tests") {

@@ -124,7 +124,9 @@ impl Managed {
     /// hangs on its way out has already been measured, so it is killed and
     /// reported, and `None` is returned: bpftrace 0.17 was seen, now and
     /// then, to print nothing and not exit for minutes after SIGINT, while
-    /// the same runs passed before and after.
+    /// the same runs passed before and after (cause unknown; bcc's tools
+    /// hung every time while the bench passed them SIGINT ignored, which
+    /// `main` now resets).
     /// Also returns the usage seen while it lived.
     pub fn stop_tracer(
         self,
