@@ -26,14 +26,7 @@ pub fn key_label(plan: &Plan, key: &HistKey) -> String {
         KeyBy::None => String::new(),
         KeyBy::Arg(_) if plan.key_signed => (key.value as i64).to_string(),
         KeyBy::Arg(_) | KeyBy::Pid => key.value.to_string(),
-        KeyBy::StringArg(_) | KeyBy::Comm => {
-            let end = key
-                .text
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(key.text.len());
-            String::from_utf8_lossy(&key.text[..end]).into_owned()
-        }
+        KeyBy::StringArg(_) | KeyBy::Comm => profiler_symbolize::nul_padded(&key.text).into_owned(),
     }
 }
 

@@ -93,6 +93,14 @@ impl Frame {
     }
 }
 
+/// The text of a NUL-padded kernel string (`task->comm`, a string a probe
+/// copied): the bytes up to the first NUL, or all of them, decoded
+/// lossily.
+pub fn nul_padded(bytes: &[u8]) -> Cow<'_, str> {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end])
+}
+
 /// `name` with each control character (a newline, a NUL, C1 codes) as
 /// `?`. Names read from a process's memory or a JIT's map are the target's
 /// to forge: a newline in one would split a line of folded output, of

@@ -22,7 +22,7 @@ pub mod runtime;
 pub mod shared_bytes;
 
 pub use elf::{ElfError, ElfObject};
-pub use frame::{Frame, NameSource, Resolver, printable};
+pub use frame::{Frame, NameSource, Resolver, nul_padded, printable};
 pub use kernel::KernelSymbols;
 pub use runtime::{RuntimeObjects, RuntimeSymbols, Runtimes};
 

@@ -299,8 +299,7 @@ fn line(
     event: &TraceEvent,
 ) -> String {
     let seconds = event.time_ns.saturating_sub(started_ns) as f64 / 1e9;
-    let comm_len = event.comm.iter().position(|&b| b == 0).unwrap_or(16);
-    let comm = String::from_utf8_lossy(&event.comm[..comm_len]);
+    let comm = profiler_symbolize::nul_padded(&event.comm);
     let mut text = format!("{seconds:.6} {} {} {comm}", event.tgid, event.tid);
     if plan.trace_pairs {
         text.push_str(&format!(" latency={:.3}ms", event.latency_ns as f64 / 1e6));
@@ -312,12 +311,7 @@ fn line(
         }
         let value = event.args[*slot];
         if item.string {
-            let len = event
-                .text
-                .iter()
-                .position(|&b| b == 0)
-                .unwrap_or(event.text.len());
-            let string = String::from_utf8_lossy(&event.text[..len]);
+            let string = profiler_symbolize::nul_padded(&event.text);
             text.push_str(&format!(" str:arg{}={string:?}", item.argument));
         } else if plan.trace_signed[*slot] {
             text.push_str(&format!(" arg{}={}", item.argument, value as i64));

@@ -115,8 +115,7 @@ impl StackRef<'_> {
 
 impl StackKey {
     pub fn thread_name(&self) -> String {
-        let end = self.thread.iter().position(|&b| b == 0).unwrap_or(16);
-        String::from_utf8_lossy(&self.thread[..end]).into_owned()
+        profiler_symbolize::nul_padded(&self.thread).into_owned()
     }
 }
 

@@ -304,10 +304,7 @@ impl ProcessTable {
         let dir = self.proc_root.join(pid.to_string());
         let mut scratch = std::mem::take(&mut self.scratch);
         let name = match leader_comm {
-            Some(comm) => {
-                let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-                String::from_utf8_lossy(&comm[..end]).into_owned()
-            }
+            Some(comm) => crate::nul_padded(comm).into_owned(),
             None => read_proc(&dir.join("comm"), &mut scratch)
                 .map(|()| {
                     let name = scratch.strip_suffix(b"\n").unwrap_or(&scratch);

@@ -338,8 +338,8 @@ impl Running {
             return Ok(Stopped::default());
         };
         // The agent must stop when told. A baseline that hangs on its way
-        // out (bpftrace and bcc's profile were seen stuck after SIGINT) has
-        // already been measured: its window's costs stand.
+        // out (bpftrace, now and then, after SIGINT) has already been
+        // measured: its window's costs stand.
         let name = process.name.clone();
         let log_tail = || super::process::log_tail(&self.log);
         let (status, usage) = process
