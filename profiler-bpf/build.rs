@@ -23,7 +23,12 @@ const PACKAGE: &str = "profiler-ebpf";
 /// `profiler_walk_step` in profiler-ebpf's unwind.rs). bpf-linker makes
 /// every symbol it is not told to export internal, and the kernel then
 /// verifies a function inside each of its callers.
-const GLOBAL_FUNCTIONS: &[&str] = &["profiler_walk_step", "profiler_go_labels"];
+const GLOBAL_FUNCTIONS: &[&str] = &[
+    "profiler_walk_step",
+    "profiler_go_labels",
+    "profiler_python_step",
+    "profiler_hotspot_step",
+];
 
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=CARGO_FEATURE_OBJECTS");

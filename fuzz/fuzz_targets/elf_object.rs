@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     }
     // The builder turns a panic into an error: that error is the failure.
     assert!(!matches!(
-        profiler_unwind::build::build_bytes(data, profiler_runtimes::UNWIND_ROWS),
+        profiler_unwind::build::build_bytes(data, profiler_runtimes::unwind_rows()),
         Err(profiler_unwind::build::NoTable::Panicked)
     ));
 });

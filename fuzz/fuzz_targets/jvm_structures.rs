@@ -7,10 +7,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use profiler_runtimes::jvm::code::JvmCode;
-use profiler_runtimes::jvm::layout::{CodeStart, DebugInfo, JvmLayout};
-use profiler_runtimes::jvm::stream::{self, Encoding, Stream};
-use profiler_runtimes::jvm::vmstructs::{SYMBOLS, VmStructs};
+use profiler_runtime_hotspot::code::JvmCode;
+use profiler_runtime_hotspot::layout::{CodeStart, DebugInfo, JvmLayout};
+use profiler_runtime_hotspot::stream::{self, Encoding, Stream};
+use profiler_runtime_hotspot::vmstructs::{SYMBOLS, VmStructs};
 use profiler_runtimes::memory::ImageMemory;
 
 const BASE: u64 = 0x10_0000;

@@ -7,9 +7,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use profiler_runtimes::memory::ImageMemory;
-use profiler_runtimes::python::code::Interpreter;
-use profiler_runtimes::python::layout::Layout;
-use profiler_runtimes::python::{linetable, threads};
+use profiler_runtime_python::code::Interpreter;
+use profiler_runtime_python::layout::Layout;
+use profiler_runtime_python::{linetable, threads};
 
 const BASE: u64 = 0x10_0000;
 

@@ -3,23 +3,19 @@
 //! every product that loads one links the same bytes, and the steps every
 //! loader shares.
 //!
-//! - [`SAMPLING_OBJECT`]: the CPU-clock sampler and the off-CPU programs
-//!   (`profiler-ebpf/src/main.rs`);
-//! - [`LATENCY_OBJECT`]: the probes' programs (`profiler-ebpf/src/latency`);
+//! - [`OBJECT`]: every program (`profiler-ebpf/src/main.rs`): the
+//!   CPU-clock sampler, the off-CPU tracepoints, the probes' programs and
+//!   the chain of stack walkers they share; each product loads the
+//!   programs it uses ([`chain`] fills the walkers' program arrays);
 //! - [`loading`]: the memlock limit and aya's errors in one line;
 //! - [`btf`]: field offsets of the running kernel's structs;
 //! - [`stack_budget`]: each program's stack as the verifier adds it up.
 
 pub mod btf;
+pub mod chain;
 pub mod loading;
 pub mod stack_budget;
 
-/// The sampling object: `sample_stack` and the off-CPU tracepoints.
+/// The BPF object: every program and map.
 #[cfg(feature = "objects")]
-pub static SAMPLING_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));
-
-/// The latency object: start/end probes, counts, traces, stacks at hits.
-#[cfg(feature = "objects")]
-pub static LATENCY_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/latency"));
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/profiler"));

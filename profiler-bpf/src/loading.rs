@@ -28,3 +28,11 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// The system's page size: the smallest ring buffer (some arm64 kernels
+/// use 64 KiB pages).
+pub fn page_size() -> u32 {
+    // SAFETY: sysconf reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(page).unwrap_or(4096).max(4096)
+}

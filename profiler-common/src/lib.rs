@@ -33,8 +33,18 @@ pub const RING_BUFFER_BYTES: u32 = 4 << 20;
 /// Most pids `--pid` may name at once (entries of the in-kernel filter).
 pub const MAX_PID_FILTER: u32 = 1024;
 
+/// Words an interpreter's sections may add after the native part of a
+/// user stack (`runtimes`: its frames, two words each, come after the
+/// native walk): the interpreters have a room of their own, so a deep
+/// native stack never leaves them none.
+pub const MAX_SECTION_WORDS: usize = 1024;
+
+/// Words of a user stack: its native part (native frames, runtime frames
+/// on the machine stack, activation marks) and its interpreters' sections.
+pub const MAX_USER_WORDS: usize = MAX_USER_FRAMES + MAX_SECTION_WORDS;
+
 /// Frames of both stacks of one sample together.
-pub const MAX_SAMPLE_FRAMES: usize = MAX_STACK_DEPTH + MAX_USER_FRAMES;
+pub const MAX_SAMPLE_FRAMES: usize = MAX_STACK_DEPTH + MAX_USER_WORDS;
 
 /// One stack sample, written by the BPF programs into the ring buffer: a
 /// CPU sample (`kind` is `SAMPLE_KIND_CPU`) or one off-CPU interval of a
@@ -146,7 +156,7 @@ impl Sample {
     /// The user stack, leaf first.
     pub fn user_stack(&self) -> &[u64] {
         let k = (self.kernel_frames as usize).min(MAX_STACK_DEPTH);
-        let u = (self.user_frames as usize).min(MAX_USER_FRAMES);
+        let u = (self.user_frames as usize).min(MAX_USER_WORDS);
         &self.frames[k..k + u]
     }
 }
@@ -168,21 +178,21 @@ pub const SAMPLE_FLAG_KERNEL_STACK_FAILED: u16 = 1 << 2;
 /// mapped since it last read the process's maps): the sample woke the
 /// agent at once.
 pub const SAMPLE_FLAG_UNKNOWN_MAPPING: u16 = 1 << 3;
-/// The walker met a CPython eval loop in a thread whose thread state user
-/// space has not told it (a thread started since it last looked): its
-/// Python frames stayed native, and user space should look again.
-pub const SAMPLE_FLAG_PY_THREAD_UNKNOWN: u16 = 1 << 5;
+/// A runtime's walker met a thread user space has not told it about (a
+/// thread started since it last looked): its frames stayed native, and
+/// user space should look again.
+pub const SAMPLE_FLAG_RUNTIME_THREAD_UNKNOWN: u16 = 1 << 5;
 /// The sample caught a goroutine of a Go process: a `runtimes::go::GoLabels`
 /// block follows the frames (`Sample::go_labels`).
 pub const SAMPLE_FLAG_GO_LABELS: u16 = 1 << 4;
 
 /// User-space registers an unwinder starts from. On x86_64 `fp` is RBP and
-/// `lr` is 0; on arm64 `fp` is X29 and `lr` is X30. `go_g` is the register
-/// Go code keeps its current goroutine in (R14, X28): a g only when the
-/// interrupted code was Go's, so it is checked before use. `bcp` is the
-/// register HotSpot's template interpreter keeps its bytecode pointer in
-/// (R13, X22): a bytecode pointer only when the interrupted code was the
-/// interpreter's, so it too is checked before use.
+/// `lr` is 0; on arm64 `fp` is X29 and `lr` is X30. `callee` holds the
+/// callee-saved registers runtimes keep their state in while their code
+/// runs (x86_64: R12, R13, R14, R15; arm64: X22, X26, X27, X28): Go's g
+/// (R14, X28), HotSpot's bytecode pointer (R13, X22). They mean that only
+/// when the interrupted code was the runtime's, so each runtime checks
+/// what it reads.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
 pub struct UserRegs {
@@ -190,9 +200,11 @@ pub struct UserRegs {
     pub sp: u64,
     pub fp: u64,
     pub lr: u64,
-    pub go_g: u64,
-    pub bcp: u64,
+    pub callee: [u64; CALLEE_REGS],
 }
+
+/// Callee-saved registers kept in `UserRegs::callee`.
+pub const CALLEE_REGS: usize = 4;
 
 /// Declares the kernel counters, one row each: the variant (its slot in
 /// the per-CPU `COUNTERS` array), its doc comment (the metric's help), its
@@ -278,21 +290,13 @@ counters! {
     /// Of those, samples whose labels were cut: more than
     /// `runtimes::go::MAX_GO_LABELS`, or a key or value longer than kept.
     GoLabelsCut = 18, "go_labels_cut", "profiler_agent_kernel_go_labels_cut_total";
-    /// Python frames written into stacks (interpreter frames of CPython
-    /// eval loops).
-    PythonFrames = 19, "python_frames", "profiler_agent_kernel_python_frames_total";
-    /// Samples whose stack met a CPython eval loop in a thread user space
-    /// had not registered yet: its Python frames stayed native.
-    PythonThreadUnknown = 20, "python_thread_unknown", "profiler_agent_kernel_python_thread_unknown_total";
-    /// Samples whose Python frames were cut: a frame could not be read, or
-    /// the chain was deeper than `runtimes::python::MAX_PY_FRAMES`.
-    PythonCut = 21, "python_cut", "profiler_agent_kernel_python_cut_total";
-    /// Java frames written into stacks (interpreted and compiled frames
-    /// of HotSpot's code cache).
-    JavaFrames = 22, "java_frames", "profiler_agent_kernel_java_frames_total";
-    /// Samples whose Java frames were cut: a frame that could not be read
-    /// or followed (a freed blob, a frame without a caller).
-    JavaCut = 23, "java_cut", "profiler_agent_kernel_java_cut_total";
+    /// Walks cut because they switched between the native walker and a
+    /// runtime's more often than one program run may tail-call
+    /// (`runtimes::MAX_CHAIN_CALLS`): their outer frames are missing.
+    ChainCut = 19, "chain_cut", "profiler_agent_kernel_chain_cut_total";
+    /// Tail calls into a walker that failed (its program not loaded: a
+    /// runtime switched off); the walk went on without it.
+    ChainMissing = 20, "chain_missing", "profiler_agent_kernel_chain_missing_total";
     /// Off-CPU: user stacks written to the ring buffer (a thread's stack
     /// at a switch-out, when it differs from the last one sent for it).
     OffCpuStacksSent = 24, "off_cpu_stacks_sent", "profiler_agent_kernel_off_cpu_stacks_sent_total";
@@ -318,8 +322,6 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::UserRegs {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for super::runtimes::hotspot::JvmProcess {}
-    // SAFETY: as above.
     unsafe impl aya::Pod for super::offcpu::OffCpuThread {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::unwind::UnwindRowBlock {}
@@ -334,9 +336,7 @@ mod pod {
     // SAFETY: as above.
     unsafe impl aya::Pod for super::runtimes::go::GoProcess {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for super::runtimes::python::PyProcess {}
-    // SAFETY: as above.
-    unsafe impl aya::Pod for super::runtimes::python::PyThread {}
+    unsafe impl aya::Pod for super::runtimes::ProcessRegions {}
     // SAFETY: as above (latency types: integers and byte arrays).
     unsafe impl aya::Pod for super::latency::LatencyConfig {}
     // SAFETY: as above.

@@ -75,6 +75,7 @@ pub struct UnwindRule {
     /// `RULE_PLT`: the PC's offset in its 16-byte entry from which the CFA
     /// is 8 bytes further (the entry's `jmp` pushed nothing, its `push` did).
     /// `RULE_GO_CGOCALL`: where g is kept.
+    /// `RULE_RUNTIME` and `RULE_FLAG_INTERPRETER`: the runtime's id.
     pub param: i16,
     /// 32-bit offsets: big frames save registers tens of KiB below the CFA
     /// (arm64 glibc has `c-33392`). 16 bytes in all, which is also the
@@ -126,6 +127,11 @@ pub const RULE_GO_CGOCALL: u8 = 8;
 /// is RULE_CFA_SP on the goroutine's stack (Go's own traceback).
 pub const RULE_GO_CGOCALLBACK: u8 = 9;
 
+/// A runtime's code in an object (its id in `param`): the runtime's walker
+/// steps these frames (see `runtimes`), and the native walker hands the
+/// walk over when the PC enters it.
+pub const RULE_RUNTIME: u8 = 10;
+
 /// The caller's frame pointer cannot be recovered (saved in a register or
 /// by an expression): it becomes 0.
 pub const RULE_FLAG_FP_LOST: u8 = 1 << 0;
@@ -136,9 +142,11 @@ pub const RULE_FLAG_FP_FROM_FP: u8 = 1 << 1;
 /// fallback, and the walker counts it.
 pub const RULE_FLAG_UNSUPPORTED: u8 = 1 << 2;
 /// The code is an interpreter's eval loop (CPython's
-/// `_PyEval_EvalFrameDefault`): the walker writes the interpreter's frames
-/// of this activation in place of its native frame (see
-/// `runtimes::python`), then unwinds it by the rest of the rule.
+/// `_PyEval_EvalFrameDefault`), the interpreter's id in `param`: the
+/// walker writes an activation mark in place of its native frame (the
+/// interpreter's frames take its place later, see `runtimes`), then
+/// unwinds it by the rest of the rule. Never on a `RULE_PLT` or
+/// `RULE_GO_CGOCALL` row, whose `param` is theirs.
 pub const RULE_FLAG_INTERPRETER: u8 = 1 << 3;
 /// Go code entered by a call its signal handler faked (`runtime.asyncPreempt`
 /// for asynchronous preemption, `runtime.sigpanic` for a fault): the
@@ -262,6 +270,15 @@ pub enum UserStackEnd {
     ReadFault = 4,
     /// `MAX_USER_FRAMES` reached.
     Truncated = 5,
+}
+
+impl UnwindRule {
+    /// This rule, marking an eval loop of interpreter `runtime`.
+    pub const fn interpreter(mut self, runtime: u8) -> UnwindRule {
+        self.flags |= RULE_FLAG_INTERPRETER;
+        self.param = runtime as i16;
+        self
+    }
 }
 
 impl UserStackEnd {

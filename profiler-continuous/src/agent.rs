@@ -206,9 +206,9 @@ impl Agent {
                     period: config.off_cpu_period,
                     wall: false,
                 }),
+            // Checked when the config was read.
+            runtimes: config.runtime_selection().unwrap_or_default(),
             go_labels: config.go_labels.config(),
-            python: config.python,
-            java: config.java,
         };
         let recorder = Recorder::start(&sampling)?;
         let (pull_tx, pull_requests) = std::sync::mpsc::channel();

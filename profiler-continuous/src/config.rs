@@ -106,12 +106,11 @@ pub struct Config {
     pub kubernetes: KubernetesConfig,
     pub debuginfod: DebuginfodSection,
     pub go_labels: GoLabelsSection,
-    /// Python frames (function, file, line) in the stacks of CPython
-    /// processes, interleaved with their native frames.
-    pub python: bool,
-    /// Java frames (method, file, line; inlined methods too) in the
-    /// stacks of HotSpot JVMs, interleaved with their native frames.
-    pub java: bool,
+    /// The language runtimes read from processes' memory: `go`
+    /// (goroutines' pprof labels), `cpython` (Python frames with files
+    /// and lines), `hotspot` (Java frames, inlined methods too), or `all`
+    /// or `none`.
+    pub runtimes: Vec<String>,
     /// Go services' heap profiles, read from their memory each window
     /// (allocations in the window, memory in use at its end): the
     /// `memory` profile, and `/debug/pprof/heap`.
@@ -180,36 +179,38 @@ impl DebuginfodSection {
     }
 }
 
-/// Go pprof labels on samples (see profiler-runtimes' `go::labels`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema)]
+/// Go pprof labels on samples (see profiler-runtime-go's `labels`), read
+/// when `go` is among the runtimes.
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, Deserialize, serde::Serialize, schemars::JsonSchema,
+)]
 #[serde(deny_unknown_fields, default)]
 pub struct GoLabelsSection {
-    /// Copy the running goroutine's pprof labels into its samples.
-    pub enabled: bool,
     /// Keys kept (`*` globs); empty: every key.
     pub keys: Vec<String>,
     /// Also label samples with the goroutine id.
     pub goroutine: bool,
 }
 
-impl Default for GoLabelsSection {
-    fn default() -> Self {
-        GoLabelsSection {
-            enabled: true,
-            keys: Vec::new(),
-            goroutine: false,
+impl GoLabelsSection {
+    /// The sampler's setting (used when `go` is among the runtimes).
+    pub fn config(&self) -> profiler_runtimes::go::labels::GoLabelsConfig {
+        profiler_runtimes::go::labels::GoLabelsConfig {
+            goroutine: self.goroutine,
+            keys: self.keys.clone(),
         }
     }
 }
 
-impl GoLabelsSection {
-    /// The sampler's setting; None when switched off.
-    pub fn config(&self) -> Option<profiler_runtimes::go::labels::GoLabelsConfig> {
-        self.enabled
-            .then(|| profiler_runtimes::go::labels::GoLabelsConfig {
-                goroutine: self.goroutine,
-                keys: self.keys.clone(),
-            })
+impl Config {
+    /// The runtimes selected (`runtimes`), checked against the known ones.
+    pub fn runtime_selection(&self) -> Result<profiler_runtimes::Selection, ConfigError> {
+        profiler_runtimes::selection(&self.runtimes.join(",")).map_err(|message| {
+            ConfigError::Invalid {
+                key: "runtimes",
+                message,
+            }
+        })
     }
 }
 
@@ -240,8 +241,7 @@ impl Default for Config {
             kubernetes: KubernetesConfig::default(),
             debuginfod: DebuginfodSection::default(),
             go_labels: GoLabelsSection::default(),
-            python: true,
-            java: true,
+            runtimes: vec!["all".into()],
             go_heap: true,
             auth: Default::default(),
             probes: Vec::new(),
@@ -350,6 +350,7 @@ impl Config {
                 return invalid(key, "max_attempts must be at least 1");
             }
         }
+        self.runtime_selection()?;
         super::probes::validate(&self.probes).map_err(|e| ConfigError::Invalid {
             key: "probes",
             message: e.to_string(),

@@ -13,18 +13,17 @@ use profiler_common::UserRegs;
 #[cfg(bpf_target_arch = "x86_64")]
 mod layout {
     /// The registers read, as one block of words from `BLOCK_START` bytes
-    /// into pt_regs: r14 (word 1) through sp (word 19).
-    pub const BLOCK_START: usize = 8;
-    pub const BLOCK_WORDS: usize = 19;
-    /// r13: HotSpot's interpreter keeps the bytecode pointer there.
-    pub const BCP: usize = 2 - 1;
+    /// into pt_regs: r15 (word 0) through sp (word 19).
+    pub const BLOCK_START: usize = 0;
+    pub const BLOCK_WORDS: usize = 20;
     /// Word indices in the block.
-    pub const PC: usize = 16 - 1; // ip
-    pub const SP: usize = 19 - 1; // sp
-    pub const FP: usize = 4 - 1; // bp
+    pub const PC: usize = 16; // ip
+    pub const SP: usize = 19; // sp
+    pub const FP: usize = 4; // bp
     pub const LR: Option<usize> = None;
-    /// r14: Go's g register (ABIInternal, Go 1.17+).
-    pub const GO_G: usize = 1 - 1;
+    /// The callee-saved registers of `UserRegs::callee`: r12, r13, r14,
+    /// r15 (pt_regs words 3, 2, 1, 0).
+    pub const CALLEE: [usize; profiler_common::CALLEE_REGS] = [3, 2, 1, 0];
     /// End of the user half of the address space (TASK_SIZE_MAX, 4-level).
     pub const USER_LIMIT: u64 = 0x0000_7fff_ffff_f000;
     /// No pointer authentication: return addresses are plain.
@@ -32,13 +31,13 @@ mod layout {
 
     /// orig_ax: the system call number, or negative (an interrupt's
     /// vector, -1) — but a page fault stores its error code there too.
-    pub const SYSCALL_NR: usize = 15 - 1;
+    pub const SYSCALL_NR: usize = 15;
     /// cx and r11: the `syscall` instruction leaves the return address in
     /// rcx and the flags in r11, and entry_SYSCALL_64 saves both, so a
     /// frame entered by `syscall` has cx == ip and r11 == flags (the
     /// kernel's own test for returning with SYSRET).
-    pub const SYSCALL_CX: Option<(usize, usize)> = Some((11 - 1, 6 - 1));
-    pub const FLAGS: usize = 18 - 1;
+    pub const SYSCALL_CX: Option<(usize, usize)> = Some((11, 6));
+    pub const FLAGS: usize = 18;
     /// cs (pt_regs word 17): its privilege level is 3 in user mode.
     pub const MODE_WORD: usize = 17;
     pub fn user_mode(cs: u64) -> bool {
@@ -77,11 +76,9 @@ mod layout {
     pub const SP: usize = 31 - 22; // sp
     pub const FP: usize = 29 - 22; // x29
     pub const LR: Option<usize> = Some(30 - 22); // x30
-    /// x28: Go's g register.
-    pub const GO_G: usize = 28 - 22;
-    /// x22: HotSpot's interpreter keeps the bytecode pointer there
-    /// (`rbcp`).
-    pub const BCP: usize = 0;
+    /// The callee-saved registers of `UserRegs::callee`: x22, x26, x27,
+    /// x28.
+    pub const CALLEE: [usize; profiler_common::CALLEE_REGS] = [22 - 22, 26 - 22, 27 - 22, 28 - 22];
     /// End of the user half of the address space (52-bit VAs at most).
     pub const USER_LIMIT: u64 = 1 << 52;
     /// Pointer authentication signs return addresses in the bits above the
@@ -194,9 +191,13 @@ pub fn interrupted_user(regs: *const u64) -> Option<SavedUser> {
             pc: word(block + layout::PC),
             sp: word(block + layout::SP),
             fp: word(block + layout::FP),
-            go_g: word(block + layout::GO_G),
-            bcp: word(block + layout::BCP),
             lr: layout::LR.map_or(0, |lr| word(block + lr)),
+            callee: [
+                word(block + layout::CALLEE[0]),
+                word(block + layout::CALLEE[1]),
+                word(block + layout::CALLEE[2]),
+                word(block + layout::CALLEE[3]),
+            ],
         },
         in_system_call: false,
     })
@@ -240,9 +241,13 @@ pub fn saved_user() -> SavedUser {
             pc: word(layout::PC),
             sp: word(layout::SP),
             fp: word(layout::FP),
-            go_g: word(layout::GO_G),
-            bcp: word(layout::BCP),
             lr: layout::LR.map_or(0, word),
+            callee: [
+                word(layout::CALLEE[0]),
+                word(layout::CALLEE[1]),
+                word(layout::CALLEE[2]),
+                word(layout::CALLEE[3]),
+            ],
         },
         in_system_call,
     }

@@ -20,19 +20,22 @@ use aya_ebpf::{
         bpf_ktime_get_ns, bpf_loop,
     },
     macros::{btf_tracepoint, map},
-    maps::{LruHashMap, PerCpuArray},
+    maps::LruHashMap,
     programs::BtfTracePointContext,
 };
 use profiler_common::offcpu::{
     MAX_OFF_CPU_THREADS, OFF_CPU_STACK_RESEND_NS, OffCpuThread, PF_KTHREAD, TASK_RUNNING,
 };
+use profiler_common::runtimes::CHAIN_NATIVE;
 use profiler_common::{
-    Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, MAX_USER_FRAMES, SAMPLE_FLAG_GO_LABELS,
+    Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, MAX_USER_WORDS, SAMPLE_FLAG_GO_LABELS,
     SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING,
-    SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK, Sample, UserRegs, runtimes::go::GoLabels,
+    SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK, Sample, runtimes::go::GoLabels,
 };
 
-use crate::{KERNEL_STACK_BYTES, bump, machine, runtimes, send, traced, unwind};
+use crate::chain::{self, SCHED};
+use crate::sampling::KERNEL_STACK_BYTES;
+use crate::{SCRATCH_OFF_CPU_INTERVAL, bump, machine, runtimes, send, traced, walk};
 
 /// Intervals shorter than this are not recorded (set by the loader).
 #[unsafe(no_mangle)]
@@ -53,15 +56,11 @@ static TASK_FLAGS_OFFSET: u32 = 0;
 static OFF_CPU_THREADS: LruHashMap<u32, OffCpuThread> =
     LruHashMap::with_max_entries(MAX_OFF_CPU_THREADS, 0);
 
-/// Where a record is assembled: slot 0 the user stack walked at a
-/// switch-out, slot 1 an interval at a switch-in. (The perf-event program
-/// has its own: it never interrupts the scheduler's tracepoints, which run
+/// The records are assembled in `SCRATCH`: the user stack walked at a
+/// switch-out in the chain's slot (`chain::SCHED`), an interval at a
+/// switch-in in `SCRATCH_OFF_CPU_INTERVAL`. (The perf-event program has
+/// its own: it never interrupts the scheduler's tracepoints, which run
 /// with interrupts off.)
-#[map]
-static OFF_CPU_SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(2, 0);
-
-const SCRATCH_STACK: u32 = 0;
-const SCRATCH_INTERVAL: u32 = 1;
 
 #[inline(always)]
 fn global<T: Copy>(value: &T) -> T {
@@ -81,7 +80,9 @@ fn task_field<T: Copy>(task: *const u8, offset: u32) -> T {
     unsafe { core::ptr::read_volatile(task.add(offset as usize).cast::<T>()) }
 }
 
-/// `sched_switch(preempt, prev, next, prev_state)`, run as `prev`.
+/// `sched_switch(preempt, prev, next, prev_state)`, run as `prev`. The
+/// switch-in first: the switch-out's walk goes on in other programs (the
+/// chain) and does not come back here.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn off_cpu_switch(ctx: BtfTracePointContext) -> u32 {
     let preempt: u64 = ctx.arg(0);
@@ -90,8 +91,8 @@ pub fn off_cpu_switch(ctx: BtfTracePointContext) -> u32 {
     let prev_state: u64 = ctx.arg(3);
     // SAFETY: a monotonic clock read.
     let now = unsafe { bpf_ktime_get_ns() };
-    switched_out(prev, preempt as u8 != 0, prev_state as u32, now);
     switched_in(next, now);
+    switched_out(&ctx, prev, preempt as u8 != 0, prev_state as u32, now);
     0
 }
 
@@ -113,7 +114,13 @@ pub fn off_cpu_wakeup(ctx: BtfTracePointContext) -> u32 {
 
 /// The current thread (`prev`) leaves its CPU.
 #[inline(always)]
-fn switched_out(prev: *const u8, preempt: bool, prev_state: u32, now: u64) {
+fn switched_out(
+    ctx: &BtfTracePointContext,
+    prev: *const u8,
+    preempt: bool,
+    prev_state: u32,
+    now: u64,
+) {
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
     let tid = pid_tgid as u32;
@@ -163,51 +170,82 @@ fn switched_out(prev: *const u8, preempt: bool, prev_state: u32, now: u64) {
         (*entry).state = state;
         (*entry).pid = pid;
         (*entry).comm = comm;
+        (*entry).stack_id = 0;
         // A kernel thread has no user stack.
-        (*entry).stack_id = if kernel_thread {
-            0
-        } else {
-            user_stack(entry, pid, tid, state, now)
-        };
+        if !kernel_thread {
+            walk_user_stack(ctx, pid, tid, state, now);
+        }
     }
 }
 
-/// Walks the current thread's user stack (and reads its Go labels), and
-/// sends it when it differs from the last one sent for the thread (or that
-/// send is old). Returns the id its intervals name it by, 0 when there is
-/// none (the walk or the send failed).
-///
-/// # Safety
-/// `thread` must point to the current thread's `OFF_CPU_THREADS` entry.
+/// Starts the walk of the current thread's user stack (the chain, ending
+/// in `finish_sched`).
 #[inline(always)]
-unsafe fn user_stack(thread: *mut OffCpuThread, pid: u32, tid: u32, state: u32, now: u64) -> u32 {
-    let Some(record) = OFF_CPU_SCRATCH.get_ptr_mut(SCRATCH_STACK) else {
-        return 0;
+fn walk_user_stack(ctx: &BtfTracePointContext, pid: u32, tid: u32, task_state: u32, now: u64) {
+    let (Some(record), Some(state)) = (crate::scratch(SCHED), walk::state(SCHED)) else {
+        return;
     };
     let saved = machine::saved_user();
-    // SAFETY: this CPU's scratch record, ours for the program's run; the
-    // caller's promise for `thread`.
+    // SAFETY: this CPU's scratch record and walk state, ours for the
+    // chain's run.
     unsafe {
-        init_header(record, pid, tid, state);
+        init_header(record, pid, tid, task_state);
         (*record).kind = SAMPLE_KIND_OFF_CPU_STACK;
-        let walk = unwind::walk_user_stack(
-            unwind::WALK_SCHEDULER,
-            pid,
-            &saved.regs,
-            saved.in_system_call,
-            record,
-            0,
-        );
-        if walk.frames == 0 {
-            return 0;
+        (*record).time_ns = now;
+        let state = &mut *state;
+        if walk::begin(state, pid, &saved.regs, saved.in_system_call, 0) {
+            chain::call::<_, SCHED>(ctx, state, CHAIN_NATIVE);
+            bump(Counter::ChainMissing);
         }
-        (*record).user_frames = walk.frames as u16;
-        (*record).user_end = walk.end as u8;
-        if walk.unknown_leaf {
-            (*record).flags |= SAMPLE_FLAG_UNKNOWN_MAPPING;
+    }
+}
+
+/// The chain's last program at a switch-out: the walked stack (and the
+/// goroutine's labels) sent when it differs from the last one sent for
+/// the thread (or that send is old), and its id kept in the thread's
+/// entry for the intervals that name it (0 when there is none: the walk or
+/// the send failed).
+#[btf_tracepoint(function = "sched_switch")]
+pub fn finish_sched(_ctx: BtfTracePointContext) -> u32 {
+    let tid = bpf_get_current_pid_tgid() as u32;
+    if let (Some(record), Some(state), Some(thread)) = (
+        crate::scratch(SCHED),
+        walk::state(SCHED),
+        OFF_CPU_THREADS.get_ptr_mut(&tid),
+    ) {
+        // SAFETY: this CPU's scratch record and walk state, and the
+        // current thread's entry (only its own switches touch it).
+        unsafe {
+            (*thread).stack_id = user_stack(thread, record, &*state);
         }
-        append_go_labels(record, pid, &saved.regs, walk.frames);
-        let hash = stack_hash(record, walk.frames);
+    }
+    0
+}
+
+/// See `finish_sched`: the stack's id.
+///
+/// # Safety
+/// `thread` must point to the current thread's `OFF_CPU_THREADS` entry,
+/// `record` to this CPU's stack record.
+#[inline(always)]
+unsafe fn user_stack(
+    thread: *mut OffCpuThread,
+    record: *mut Sample,
+    state: &walk::WalkState,
+) -> u32 {
+    let frames = state.frames;
+    if frames == 0 {
+        return 0;
+    }
+    // SAFETY: the caller's promise.
+    unsafe {
+        let now = (*record).time_ns;
+        let pid = (*record).pid;
+        (*record).user_frames = frames as u16;
+        (*record).user_end = walk::end_of(state) as u8;
+        (*record).flags |= state.sample_flags as u16;
+        append_go_labels(record, pid, state.callee[runtimes::go::G_REGISTER], frames);
+        let hash = stack_hash(record, frames);
         // Ids are the hash's low half, never 0.
         let id = (hash as u32) | 1;
         if hash == (*thread).stack_hash
@@ -216,8 +254,7 @@ unsafe fn user_stack(thread: *mut OffCpuThread, pid: u32, tid: u32, state: u32, 
             return id;
         }
         (*record).stack_id = id;
-        (*record).time_ns = now;
-        if !emit(record, walk.frames) {
+        if !emit(record, frames) {
             (*thread).stack_hash = 0;
             return 0;
         }
@@ -238,7 +275,7 @@ unsafe fn user_stack(thread: *mut OffCpuThread, pid: u32, tid: u32, state: u32, 
 /// `frames` frames.
 #[inline(always)]
 unsafe fn stack_hash(record: *mut Sample, frames: u32) -> u64 {
-    let frames = (frames as usize).min(MAX_USER_FRAMES);
+    let frames = (frames as usize).min(MAX_USER_WORDS);
     // SAFETY: the caller's promise; the labels block lies within the
     // sample's `tail` after any number of frames.
     unsafe {
@@ -335,7 +372,7 @@ fn switched_in(next: *mut task_struct, now: u64) {
     if weight == 0 {
         return;
     }
-    let Some(record) = OFF_CPU_SCRATCH.get_ptr_mut(SCRATCH_INTERVAL) else {
+    let Some(record) = crate::scratch(SCRATCH_OFF_CPU_INTERVAL) else {
         return;
     };
     // SAFETY: this CPU's scratch record; `next` is the tracepoint's own
@@ -425,7 +462,7 @@ unsafe fn init_header(record: *mut Sample, pid: u32, tid: u32, state: u32) {
 /// # Safety
 /// `record` must point to this CPU's scratch stack record.
 #[inline(always)]
-unsafe fn append_go_labels(record: *mut Sample, pid: u32, regs: &UserRegs, frames: u32) {
+unsafe fn append_go_labels(record: *mut Sample, pid: u32, g: u64, frames: u32) {
     if !runtimes::go::labels::enabled() {
         return;
     }
@@ -437,8 +474,7 @@ unsafe fn append_go_labels(record: *mut Sample, pid: u32, regs: &UserRegs, frame
             .cast::<u8>()
             .add(Sample::record_len(frames))
             .cast::<GoLabels>();
-        if runtimes::go::labels::read(pid, regs, block, runtimes::go::labels::READS_OFF_CPU)
-            .is_some()
+        if runtimes::go::labels::read(pid, g, block, runtimes::go::labels::READS_OFF_CPU).is_some()
         {
             (*record).flags |= SAMPLE_FLAG_GO_LABELS;
         }

@@ -1,13 +1,25 @@
-//! The state of a user stack walk, and the steps every walker shares:
-//! the native walker (`unwind`) and the runtimes' walkers
-//! (`runtimes::*`) read and move the same state.
+//! The state of a user stack walk, and the steps every walker shares.
+//!
+//! A walk runs as a chain of programs (`chain`): the native walker, the
+//! runtimes' walkers it hands over to, and the context's finishing
+//! program, each a program of its own with its own verifier budget, which
+//! tail-call each other. What they share lives here, in a per-CPU map
+//! (`WALK`, one slot per context): the registers (PC, SP, FP, LR, and
+//! the callee-saved ones runtimes keep state in), the frames written so
+//! far, how the walk ended, where the chain goes next and how many calls
+//! it took. A runtime's own cursor (its frame pointer, its layout) is in a
+//! per-CPU map of its own home.
 
 use aya_ebpf::helpers::bpf_probe_read_user;
 use aya_ebpf::helpers::generated::bpf_probe_read_user as bpf_probe_read_user_bytes;
-use profiler_common::runtimes::hotspot::{BLOB_WINDOW, INTERPRETER_WORDS, JvmProcess};
-use profiler_common::runtimes::python::PyProcess;
+use aya_ebpf::macros::map;
+use aya_ebpf::maps::{HashMap, PerCpuArray};
+use profiler_common::runtimes::{
+    MARK_ACTIVATION, MAX_REGION_PROCESSES, MAX_RUNTIMES, ProcessRegions, RuntimeCounter,
+    runtime_tag,
+};
 use profiler_common::unwind::{RULE_CACHE_SLOTS, UnwindMapping, UnwindRule, UserStackEnd};
-use profiler_common::{MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample};
+use profiler_common::{CALLEE_REGS, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, MAX_USER_WORDS, Sample};
 
 use crate::{machine, words};
 
@@ -23,9 +35,25 @@ const STACK_READ_PAGES_OF: u64 = 512;
 /// multiple of it.
 pub(crate) const PAGE_BYTES: u64 = 4096;
 
-/// Words of a CPython thread's data stack a walk copies at once (see
-/// `runtimes::python`).
-pub(crate) const PY_WINDOW_WORDS: usize = 128;
+/// One walk state per context that can walk on a CPU at once (`chain`'s
+/// `CPU`, `SCHED`, `PROBE`): a CPU sample never runs inside a probe's
+/// program (the kernel keeps tracing programs from nesting), but one state
+/// each keeps that from mattering.
+#[map]
+static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(3, 0);
+
+/// The code regions of processes' runtimes (JIT code no object file
+/// describes), by pid, written by user space
+/// (`profiler_runtime::regions`).
+#[map]
+static RUNTIME_REGIONS: HashMap<u32, ProcessRegions> =
+    HashMap::with_max_entries(MAX_REGION_PROCESSES, 0);
+
+/// This CPU's walk state of context `context`.
+#[inline(always)]
+pub(crate) fn state(context: u32) -> Option<*mut WalkState> {
+    WALK.get_ptr_mut(context)
+}
 
 /// A copy of user memory the walk reads words from, made with one helper
 /// call where the memory's words would otherwise cost one each.
@@ -108,11 +136,9 @@ pub(crate) struct WalkState {
     /// The link register, while it still holds a return address (arm64:
     /// the leaf frame, and the frame a signal interrupted); else 0.
     pub(crate) lr: u64,
-    /// Go's g register at the sample (a g only if the leaf was Go code).
-    pub(crate) go_g: u64,
-    /// HotSpot's bytecode-pointer register at the sample (one only if the
-    /// leaf was the interpreter's).
-    pub(crate) bcp: u64,
+    /// The callee-saved registers at the sample (`UserRegs::callee`): what
+    /// a runtime keeps in them is its own only if the leaf was its code.
+    pub(crate) callee: [u64; CALLEE_REGS],
     /// The mapping the previous frame was in (most callers are in the same
     /// object as their callee): start == end when none.
     pub(crate) mapping: UnwindMapping,
@@ -121,20 +147,23 @@ pub(crate) struct WalkState {
     /// The process's `ProcessUnwind::generation` (0: not registered, no
     /// rule is cached).
     pub(crate) generation: u32,
-    pub(crate) _generation_pad: u32,
+    pub(crate) pid: u32,
     /// Rules found by this context's walks on this CPU, kept for the next
     /// ones (`RULE_CACHE_SLOTS`, direct-mapped by a hash of the PC's
-    /// granule and the generation; see `unwind::find_rule`). Here, beside the rest of the walk's state, rather
-    /// than in a map of their own: the pages a walk touches anyway are
-    /// the ones whose address translations are still cached.
+    /// granule and the generation; see `native::find_rule`). Here, beside
+    /// the rest of the walk's state, rather than in a map of their own: the
+    /// pages a walk touches anyway are the ones whose address translations
+    /// are still cached.
     pub(crate) rule_cache: [CachedRule; RULE_CACHE_SLOTS as usize],
     /// A copy of the stack from the first frame it holds up. Each native
     /// frame's words are read from here when the window holds them, else
     /// the window is read again from the frame up: one helper call for
     /// the many small frames of a deep stack, where a call per frame was
-    /// the walk's main cost. HotSpot's interpreted frames, which live on
-    /// the same stack, are read through it too.
+    /// the walk's main cost. Runtimes whose frames live on the same stack
+    /// (HotSpot's interpreter) read them through it too.
     pub(crate) stack_window: Window<STACK_WINDOW_WORDS>,
+    /// The process's runtime code regions (`regions_state`).
+    pub(crate) regions: ProcessRegions,
     /// User frames written so far, after `kernel_frames` kernel frames.
     pub(crate) frames: u32,
     pub(crate) kernel_frames: u32,
@@ -148,9 +177,9 @@ pub(crate) struct WalkState {
     /// instruction that is running (they differ where a function ends with
     /// its system call: a sigreturn trampoline).
     pub(crate) leaf_in_system_call: u32,
-    /// The leaf PC is in no mapping user space registered for this
-    /// process (code mapped since: dlopen, a JIT).
-    pub(crate) unknown_leaf: u32,
+    /// `SAMPLE_FLAG_*` the walk found (an unknown leaf mapping, a
+    /// runtime's unknown thread).
+    pub(crate) sample_flags: u32,
     /// `fp` is the current frame's frame pointer as the stack holds it:
     /// the last step read it from a frame record (a frame-pointer step,
     /// or a table row that restores it). Only then may a caller be
@@ -158,37 +187,30 @@ pub(crate) struct WalkState {
     /// (`UnwindMapping::frame_record_callers`): a leaf's or a signal
     /// frame's FP is a register that assembly may use for data.
     pub(crate) fp_from_record: u32,
-    /// CPython (`runtimes::python`): `PY_UNSTARTED`, `PY_STARTED`,
-    /// `PY_OFF`.
-    pub(crate) py_state: u32,
-    /// An eval loop activation's Python frames are being written.
-    pub(crate) py_pending: u32,
-    /// Python frames written so far.
-    pub(crate) py_frames: u32,
-    /// The thread's thread state was not known (see
-    /// `SAMPLE_FLAG_PY_THREAD_UNKNOWN`).
-    pub(crate) py_unknown_thread: u32,
-    /// The walk's end (a `UserStackEnd`), once the pending Python frames
-    /// are written; 0 while it goes on.
-    pub(crate) py_end: u32,
-    /// The next Python frame to write.
-    pub(crate) py_frame: u64,
-    /// The process's layout, copied once per walk.
-    pub(crate) py: PyProcess,
-    /// The frame being read, and (3.11 on) the frames below it in the
-    /// thread's data stack: its callers.
-    pub(crate) py_window: Window<PY_WINDOW_WORDS>,
-    /// HotSpot (`runtimes::hotspot`): `JVM_UNSTARTED`, `JVM_ON`, `JVM_OFF`.
-    pub(crate) jvm_state: u32,
-    pub(crate) _jvm_pad: u32,
-    /// The process's layout, copied once per walk.
-    pub(crate) jvm: JvmProcess,
-    /// The blob header being read.
-    pub(crate) jvm_window: [u8; BLOB_WINDOW],
-    /// The interpreter frame being read, where the stack window could not
-    /// hold it.
-    pub(crate) jvm_frame: [u64; INTERPRETER_WORDS],
+    /// Tail calls taken by this program run (`MAX_CHAIN_CALLS`).
+    pub(crate) chain_calls: u32,
+    /// The chain slot to run next (`CHAIN_*`).
+    pub(crate) next: u32,
+    /// The current frame is in a runtime's code but the runtime found no
+    /// frame of its own there: the native walker steps it by its frame
+    /// pointer and does not hand it back.
+    pub(crate) native_once: u32,
+    /// Bit per runtime: it wrote activation marks, and its section is
+    /// still to be written.
+    pub(crate) marked: u32,
+    /// Activation marks written, per runtime.
+    pub(crate) marks: [u64; MAX_RUNTIMES],
+    /// Bit per runtime: its per-walk state is set up (the runtime's own
+    /// meaning; cleared at each walk's start).
+    pub(crate) ready: u32,
+    /// `regions`: `REGIONS_UNREAD`, `REGIONS_READ`, `REGIONS_NONE`.
+    pub(crate) regions_state: u32,
+    pub(crate) _pad: u32,
 }
+
+pub(crate) const REGIONS_UNREAD: u32 = 0;
+pub(crate) const REGIONS_READ: u32 = 1;
+pub(crate) const REGIONS_NONE: u32 = 2;
 
 /// A rule a walk found, kept for the next walks: valid while the process's
 /// registration is `generation` (`ProcessUnwind::generation`, never 0, so
@@ -293,7 +315,7 @@ pub(crate) fn stack_words(state: &mut WalkState, address: u64, count: u64) -> Op
 }
 
 /// Writes a two-word runtime frame (`profiler_common::runtimes`) after the
-/// frames so far; false when the sample has no room for it.
+/// frames so far, in the stack's native part; false when it has no room.
 #[inline(always)]
 pub(crate) fn write_runtime_frame(
     state: &mut WalkState,
@@ -301,9 +323,32 @@ pub(crate) fn write_runtime_frame(
     first: u64,
     second: u64,
 ) -> bool {
+    write_words(state, sample, first, second, MAX_USER_FRAMES)
+}
+
+/// Writes a two-word frame of an interpreter's section, in the room after
+/// the native part (`MAX_USER_WORDS`); false when it has none left.
+#[inline(always)]
+pub(crate) fn write_section_frame(
+    state: &mut WalkState,
+    sample: &mut Sample,
+    first: u64,
+    second: u64,
+) -> bool {
+    write_words(state, sample, first, second, MAX_USER_WORDS)
+}
+
+#[inline(always)]
+fn write_words(
+    state: &mut WalkState,
+    sample: &mut Sample,
+    first: u64,
+    second: u64,
+    limit: usize,
+) -> bool {
     let n = state.frames;
     let slot = state.kernel_frames as u64 + n as u64;
-    if n as usize + 2 > MAX_USER_FRAMES || slot + 2 > MAX_SAMPLE_FRAMES as u64 {
+    if n as usize + 2 > limit || slot + 2 > MAX_SAMPLE_FRAMES as u64 {
         return false;
     }
     let slot = slot as usize;
@@ -329,4 +374,133 @@ pub(crate) fn return_to(state: &mut WalkState, return_address: u64) -> Step {
     } else {
         Step::Next
     }
+}
+
+/// Starts a walk of the current task's user stack from `regs` in `state`,
+/// after the `kernel_frames` kernel frames already in the sample;
+/// `in_system_call` when the registers are those of a task inside a
+/// system call (`machine::SavedUser`). False when there is nothing to walk
+/// (a kernel thread).
+#[inline(always)]
+pub(crate) fn begin(
+    state: &mut WalkState,
+    pid: u32,
+    regs: &profiler_common::UserRegs,
+    in_system_call: bool,
+    kernel_frames: u32,
+) -> bool {
+    // Field by field (`words`: no byte-wise memset).
+    words::set(&raw mut state.frames, 0);
+    words::set(&raw mut state.kernel_frames, kernel_frames);
+    words::set(&raw mut state.chain_calls, 0);
+    words::set(&raw mut state.sample_flags, 0);
+    words::set(&raw mut state.marked, 0);
+    let mut i = 0;
+    while i < MAX_RUNTIMES {
+        if let Some(count) = state.marks.get_mut(i) {
+            words::set(count, 0);
+        }
+        i += 1;
+    }
+    words::set(&raw mut state.ready, 0);
+    words::set(&raw mut state.native_once, 0);
+    words::set(&raw mut state.regions_state, REGIONS_UNREAD);
+    words::set(&raw mut state.pid, pid);
+    words::copy(&mut state.callee, &regs.callee);
+    // A kernel thread has no user registers worth walking.
+    if regs.pc == 0 || regs.pc >= machine::USER_LIMIT {
+        words::set(&raw mut state.end, UserStackEnd::None as u32);
+        return false;
+    }
+    state.pc = regs.pc;
+    state.sp = regs.sp;
+    state.fp = regs.fp;
+    state.lr = machine::strip_pointer_auth(regs.lr);
+    words::set(&raw mut state.mapping.start, 0);
+    words::set(&raw mut state.mapping.end, 0);
+    words::set(&raw mut state.first_mapping, 0);
+    words::set(&raw mut state.mapping_count, 0);
+    words::set(&raw mut state.generation, 0);
+    state.stack_window.clear();
+    words::set(&raw mut state.end, UserStackEnd::Truncated as u32);
+    words::set(&raw mut state.exact_pc, 0);
+    words::set(&raw mut state.leaf_in_system_call, in_system_call as u32);
+    words::set(&raw mut state.fp_from_record, 0);
+    true
+}
+
+/// How the walk ended (`state.end`).
+#[inline(always)]
+pub(crate) fn end_of(state: &WalkState) -> UserStackEnd {
+    match state.end {
+        0 => UserStackEnd::None,
+        1 => UserStackEnd::Root,
+        2 => UserStackEnd::NoTable,
+        3 => UserStackEnd::TableStop,
+        4 => UserStackEnd::ReadFault,
+        _ => UserStackEnd::Truncated,
+    }
+}
+
+/// The runtime whose code region holds `pc` (0: none), from the regions
+/// user space registered for the walk's process (read once per walk).
+#[inline(always)]
+pub(crate) fn region_of(state: &mut WalkState, pc: u64) -> u8 {
+    if state.regions_state == REGIONS_UNREAD {
+        state.regions_state = REGIONS_NONE;
+        // SAFETY: the value is copied out of the map.
+        if let Some(regions) = unsafe { RUNTIME_REGIONS.get(&state.pid) } {
+            words::copy(&mut state.regions, regions);
+            state.regions_state = REGIONS_READ;
+        }
+    }
+    if state.regions_state != REGIONS_READ {
+        return 0;
+    }
+    let mut i = 0;
+    while i < profiler_common::runtimes::MAX_CODE_REGIONS {
+        if i as u32 >= state.regions.count {
+            break;
+        }
+        if let Some(region) = state.regions.regions.get(i)
+            && region.low <= pc
+            && pc < region.high
+        {
+            return region.runtime as u8;
+        }
+        i += 1;
+    }
+    0
+}
+
+/// Writes an activation mark of interpreter `runtime` for the eval loop
+/// frame at `state.pc` (`runtimes` module of profiler-common); false when
+/// the sample has no room for it.
+#[inline(always)]
+pub(crate) fn write_activation(state: &mut WalkState, sample: &mut Sample, runtime: u8) -> bool {
+    let exact = if state.frames == 0 || state.exact_pc != 0 {
+        profiler_common::unwind::FRAME_EXACT_PC
+    } else {
+        0
+    };
+    let written = write_runtime_frame(
+        state,
+        sample,
+        runtime_tag(runtime) | MARK_ACTIVATION,
+        state.pc | exact,
+    );
+    if written {
+        state.marked |= 1 << (runtime & 31);
+        // Masked: the verifier loses a compared bound across the shift.
+        if let Some(count) = state.marks.get_mut(runtime as usize & (MAX_RUNTIMES - 1)) {
+            *count += 1;
+        }
+    }
+    written
+}
+
+/// Counts `counter` of runtime `runtime`.
+#[inline(always)]
+pub(crate) fn bump_runtime(runtime: u8, counter: RuntimeCounter) {
+    crate::bump_runtime(counter.slot(runtime));
 }

@@ -22,19 +22,21 @@ use profiler_probes::attach::{AttachedUprobe, UprobePmu, attach_uprobe};
 
 /// The stack walker's arrays and the stack maps: sized down to one
 /// element when no stacks are taken.
-const STACK_MAPS: [&str; 7] = [
+const STACK_MAPS: [&str; 9] = [
     "UNWIND_ROWS",
     "UNWIND_PAGES",
     "UNWIND_RULES",
     "UNWIND_MAPPINGS",
     "UNWIND_PROCESSES",
+    "RUNTIME_REGIONS",
     "STACKS",
     "STACK_TOTALS",
+    "PROBE_WALK",
 ];
 
-/// The CPython walker's maps, compiled into this object with the walker
-/// but never written: one entry each.
-const UNUSED_MAPS: [&str; 2] = ["PY_PROCESSES", "PY_THREADS"];
+/// The sampling programs' maps, which probes do not use: one element
+/// each (the ring buffer, one page).
+const SAMPLING_MAPS: [&str; 3] = ["PID_FILTER", "OFF_CPU_THREADS", "GO_PROCESSES"];
 
 fn uprobe_program<'a>(
     ebpf: &'a mut Ebpf,
@@ -202,20 +204,30 @@ impl Session {
         let row_blocks = (super::stacks::PROBE_UNWIND_TABLE_BYTES
             / (profiler_common::unwind::UNWIND_ROWS_PER_BLOCK as u64 * 4))
             as u32;
-        if plan.config.stacks == 0 {
+        let stacks = plan.config.stacks != 0;
+        if !stacks {
             // The walker's arrays are allocated when the object loads:
             // without stacks, one element each.
             for name in STACK_MAPS {
                 loader.map_max_entries(name, 1);
             }
+            for name in profiler_runtimes::maps() {
+                loader.map_max_entries(name, 1);
+            }
         } else {
             loader.map_max_entries("UNWIND_ROWS", row_blocks);
         }
-        for name in UNUSED_MAPS {
+        for name in SAMPLING_MAPS {
             loader.map_max_entries(name, 1);
         }
+        loader.map_max_entries("SAMPLES", profiler_bpf::loading::page_size());
+        // The probes' walkers read every runtime with a walker; Go's labels
+        // are the CPU samples'.
+        let selection = profiler_runtimes::walker_runtimes();
+        let globals = profiler_runtimes::globals(&selection, stacks);
+        globals.apply(&mut loader);
         let mut ebpf = loader
-            .load(profiler_bpf::LATENCY_OBJECT)
+            .load(profiler_bpf::OBJECT)
             .map_err(|e| SessionError::Load(error_chain(&e)))?;
 
         {
@@ -244,8 +256,10 @@ impl Session {
                 })?;
         }
         // Before attaching: the first starts already walk with tables.
-        let stacks = if plan.config.stacks != 0 {
-            Some(super::stacks::ProbeStacks::take(&mut ebpf, plan)?)
+        let stacks = if stacks {
+            Some(super::stacks::ProbeStacks::take(
+                &mut ebpf, plan, &selection,
+            )?)
         } else {
             None
         };

@@ -1,11 +1,12 @@
 //! Stacks at probe hits (`latency --stacks`): where operations begin,
 //! weighted by how long they took.
 //!
-//! The latency object walks the user stack at each start with the
-//! sampling walker (its own copy of the unwind-table arrays, loaded here
-//! for the processes that map a probed binary), keeps each distinct stack
-//! once (`STACKS`) and totals the operations per stack in the kernel
-//! (`STACK_TOTALS`). At the end the stacks become a profile with two
+//! The probes' programs walk the user stack at each start with the walk's
+//! chain (the native walker and the runtimes' walkers, loaded here as
+//! uprobe programs, with unwind tables and runtimes' registrations of
+//! their own for the processes that map a probed binary), keep each
+//! distinct stack once (`STACKS`) and total the operations per stack in
+//! the kernel (`STACK_TOTALS`). At the end the stacks become a profile with two
 //! sample types, `count` (operations) and `latency/nanoseconds`.
 //!
 //! The continuous agent (`[[probes]]` with `stacks = true`) takes a
@@ -24,7 +25,9 @@ use profiler_common::latency::{ProbeStack, StackId, StackTotals};
 
 use super::errors::SessionError;
 use super::plan::Plan;
+use profiler_bpf::chain::{Chain, Context};
 use profiler_profile::{Profile, ProfileKind};
+use profiler_runtimes::{RuntimeFrames, RuntimeRegistry, Selection};
 use profiler_sampling::record::{ProfileWindow, StackCounts, StackKey, Stacks, build_profile_of};
 use profiler_sampling::tables::{TableStore, UnwindArrays, UnwindTables};
 use profiler_symbolize::Symbolizer;
@@ -55,6 +58,11 @@ struct Reported {
 /// The stacks side of a session.
 pub struct ProbeStacks {
     tables: UnwindTables,
+    /// The runtimes whose frames the walkers read, and their names.
+    runtimes: RuntimeRegistry,
+    runtime_frames: RuntimeFrames,
+    /// The chain's program array (kept open while the probes run).
+    _chain: Chain,
     processes: ProcessTable,
     stacks: BpfHashMap<MapData, StackId, ProbeStack>,
     totals: PerCpuHashMap<MapData, StackId, StackTotals>,
@@ -77,9 +85,25 @@ pub struct ProbeStacks {
 impl ProbeStacks {
     /// Takes the stack and unwind maps of the loaded object and loads the
     /// tables of the processes already running the probed binaries.
-    pub fn take(ebpf: &mut Ebpf, plan: &Plan) -> Result<ProbeStacks, SessionError> {
+    pub fn take(
+        ebpf: &mut Ebpf,
+        plan: &Plan,
+        selection: &Selection,
+    ) -> Result<ProbeStacks, SessionError> {
         let arrays =
             UnwindArrays::take(ebpf).map_err(|e| SessionError::Map("UNWIND_*", e.to_string()))?;
+        let runtimes = profiler_runtimes::start(ebpf, selection, true)
+            .map_err(|e| SessionError::Map("runtimes", e.to_string()))?;
+        let chain = profiler_bpf::chain::fill(
+            ebpf,
+            Context::Probe,
+            &profiler_runtimes::walkers(selection, true),
+            None,
+        )
+        .map_err(|e| SessionError::Program {
+            program: "walk_*_probe",
+            reason: e.to_string(),
+        })?;
         let tables = UnwindTables::spawn(TableStore::new(
             arrays,
             profiler_common::unwind::MAX_UNWIND_PROCESSES,
@@ -102,8 +126,12 @@ impl ProbeStacks {
             .map(|m| (m.dev(), m.ino()))
             .collect();
         let pid = (plan.config.tgid != 0).then_some(plan.config.tgid);
+        let runtime_frames = runtimes.frames();
         let mut stacks = ProbeStacks {
             tables,
+            runtimes,
+            runtime_frames,
+            _chain: chain,
             processes: ProcessTable::default(),
             stacks,
             totals,
@@ -118,8 +146,9 @@ impl ProbeStacks {
             symbolizer: profiler_runtimes::symbolizer(),
         };
         stacks.refresh();
-        // The first hits already walk with tables.
+        // The first hits already walk with tables and runtimes.
         stacks.tables.flush();
+        stacks.runtimes.flush();
         Ok(stacks)
     }
 
@@ -149,6 +178,7 @@ impl ProbeStacks {
             self.processes.observe(pid, &[]);
             if let Some(process) = self.processes.get(pid) {
                 self.tables.register(process);
+                self.runtimes.register(process);
             }
         }
     }
@@ -226,14 +256,11 @@ impl ProbeStacks {
 
     /// A profile of (some of) a window's stacks.
     pub fn build(&mut self, stacks: &Stacks, window: &ProfileWindow) -> Profile {
-        // No Python process is registered with the probes' walker: its
-        // stacks hold native frames only.
-        let mut runtime_frames = profiler_runtimes::RuntimeFrames::default();
         let mut profile = build_profile_of(
             stacks.iter(),
             &self.processes,
             &mut self.symbolizer,
-            &mut runtime_frames,
+            &mut self.runtime_frames,
             window,
         );
         without_thread_labels(&mut profile);
@@ -277,10 +304,12 @@ impl ProbeStacks {
             }
             alive
         });
-        for pid in gone {
+        for &pid in &gone {
             self.registered.remove(&pid);
             self.tables.unregister(pid);
+            self.runtimes.unregister(pid);
         }
+        self.runtime_frames.retain(|pid| !gone.contains(&pid));
         let mapped = self.processes.object_ids();
         self.tables.retain_objects(mapped.clone());
         self.symbolizer.retain_objects(|id| mapped.contains(id));

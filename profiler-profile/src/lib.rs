@@ -121,10 +121,10 @@ pub enum FrameType {
     Kernel,
     /// Go code, named by its pclntab.
     Go,
-    /// A Python frame (a CPython code object).
-    CPython,
-    /// A Java frame (HotSpot).
-    Jvm,
+    /// A frame an interpreter or a JIT's runtime wrote (a Python code
+    /// object, a Java method): the runtime's own frame type ("cpython",
+    /// "jvm", "v8js").
+    Runtime(&'static str),
 }
 
 impl FrameType {
@@ -134,8 +134,7 @@ impl FrameType {
             FrameType::Native => "native",
             FrameType::Kernel => "kernel",
             FrameType::Go => "go",
-            FrameType::CPython => "cpython",
-            FrameType::Jvm => "jvm",
+            FrameType::Runtime(kind) => kind,
         }
     }
 

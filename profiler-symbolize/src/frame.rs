@@ -48,10 +48,10 @@ pub enum NameSource {
     PerfMap,
     /// The vDSO image's own symbols.
     Vdso,
-    /// A CPython code object, read from the process (a Python frame).
-    CPython,
-    /// A HotSpot method, read from the JVM (a Java frame).
-    Jvm,
+    /// A language runtime's frame, read from the process (a Python code
+    /// object, a Java method): the runtime's frame type ("cpython",
+    /// "jvm").
+    Runtime(&'static str),
 }
 
 impl NameSource {
@@ -68,8 +68,7 @@ impl NameSource {
             NameSource::Kallsyms => "kallsyms",
             NameSource::PerfMap => "perf-map",
             NameSource::Vdso => "vdso",
-            NameSource::CPython => "cpython",
-            NameSource::Jvm => "jvm",
+            NameSource::Runtime(kind) => kind,
         }
     }
 }

@@ -77,30 +77,126 @@ pub enum UserFrame {
 }
 
 /// Every frame of a leaf-first user stack, native and runtime frames in
-/// the order the walker wrote them. Only the first frame is the
+/// the order the thread called them. Only the first frame is the
 /// interrupted PC; a native frame after a runtime frame is a return
 /// address (the runtime's frames stood for a native frame the walker
 /// unwound).
+///
+/// An interpreter's frames come after the native part, in a section per
+/// interpreter (`profiler_common::runtimes`: `MARK_SECTION`, each
+/// activation's frames ended by `ACTIVATION_LAST` on its last frame or by
+/// `MARK_END`), and each takes the place of
+/// its activation mark (`MARK_ACTIVATION`) in the native part, in order.
+/// A mark whose activation the section does not have (the section was
+/// cut, or never written) is the eval loop's native frame it stood for.
 pub fn user_frames(words: &[u64]) -> impl Iterator<Item = UserFrame> + '_ {
-    use profiler_common::runtimes::python::RUNTIME_FRAME;
+    splice(words).into_iter()
+}
+
+/// One item of the raw stack: a native word at its index, or a runtime
+/// frame's two words.
+enum Item {
+    Native(usize, u64),
+    Runtime(u64, u64),
+}
+
+fn splice(words: &[u64]) -> Vec<UserFrame> {
+    use profiler_common::runtimes::{
+        ACTIVATION_LAST, MARK_ACTIVATION, MARK_CUT, MARK_END, MARK_SECTION, RUNTIME_PAYLOAD_MASK,
+        is_runtime_frame, runtime_of,
+    };
     use profiler_common::unwind::FRAME_EXACT_PC;
+    let mut items = Vec::with_capacity(words.len());
     let mut at = 0;
-    std::iter::from_fn(move || {
-        let raw = *words.get(at)?;
-        let depth = at;
-        if raw & RUNTIME_FRAME != 0 && raw & FRAME_EXACT_PC == 0 {
+    while let Some(&raw) = words.get(at) {
+        if is_runtime_frame(raw) {
             let second = words.get(at + 1).copied().unwrap_or(0);
+            items.push(Item::Runtime(raw, second));
             at += 2;
-            return Some(UserFrame::Runtime { first: raw, second });
+        } else {
+            items.push(Item::Native(at, raw));
+            at += 1;
         }
-        at += 1;
-        let pc = raw & !FRAME_EXACT_PC;
-        let exact = depth == 0 || raw & FRAME_EXACT_PC != 0;
-        Some(UserFrame::Native(RawFrame {
-            pc,
-            lookup_pc: if exact { pc } else { call_site(pc) },
-        }))
-    })
+    }
+    let payload = |first: u64| first & RUNTIME_PAYLOAD_MASK;
+    // The native part ends at the first section.
+    let native_end = items
+        .iter()
+        .position(|item| matches!(item, Item::Runtime(first, _) if payload(*first) == MARK_SECTION))
+        .unwrap_or(items.len());
+    // Each interpreter's activations, in order; the last one may lack its
+    // end (a section cut there keeps the frames it has).
+    let mut sections: Vec<(u8, Vec<Vec<UserFrame>>)> = Vec::new();
+    for item in &items[native_end..] {
+        let Item::Runtime(first, second) = *item else {
+            continue; // no native word follows the native part
+        };
+        let runtime = runtime_of(first);
+        match payload(first) {
+            MARK_SECTION => sections.push((runtime, vec![Vec::new()])),
+            MARK_END => {
+                if let Some((_, activations)) = sections.last_mut() {
+                    activations.push(Vec::new());
+                }
+            }
+            payload => {
+                let Some((_, activations)) = sections.last_mut() else {
+                    continue;
+                };
+                let last = payload != MARK_CUT && payload & ACTIVATION_LAST != 0;
+                if let Some(frames) = activations.last_mut() {
+                    frames.push(UserFrame::Runtime {
+                        first: first & !ACTIVATION_LAST,
+                        second,
+                    });
+                }
+                if last {
+                    activations.push(Vec::new());
+                }
+            }
+        }
+    }
+    for (_, activations) in &mut sections {
+        // An activation opened after the last end holds frames only when
+        // the section was cut inside it.
+        if activations.last().is_some_and(Vec::is_empty) {
+            activations.pop();
+        }
+        activations.reverse(); // taken from the back, in order
+    }
+    let mut frames = Vec::with_capacity(items.len());
+    for item in &items[..native_end] {
+        match *item {
+            Item::Native(depth, raw) => {
+                let pc = raw & !FRAME_EXACT_PC;
+                let exact = depth == 0 || raw & FRAME_EXACT_PC != 0;
+                frames.push(UserFrame::Native(RawFrame {
+                    pc,
+                    lookup_pc: if exact { pc } else { call_site(pc) },
+                }));
+            }
+            Item::Runtime(first, second) if payload(first) == MARK_ACTIVATION => {
+                let runtime = runtime_of(first);
+                let activation = sections
+                    .iter_mut()
+                    .find(|(id, _)| *id == runtime)
+                    .and_then(|(_, activations)| activations.pop());
+                match activation {
+                    Some(activation) => frames.extend(activation),
+                    None => {
+                        let pc = second & !FRAME_EXACT_PC;
+                        let exact = second & FRAME_EXACT_PC != 0;
+                        frames.push(UserFrame::Native(RawFrame {
+                            pc,
+                            lookup_pc: if exact { pc } else { call_site(pc) },
+                        }));
+                    }
+                }
+            }
+            Item::Runtime(first, second) => frames.push(UserFrame::Runtime { first, second }),
+        }
+    }
+    frames
 }
 
 #[cfg(test)]
@@ -124,7 +220,7 @@ mod tests {
 
     #[test]
     fn runtime_frames_take_two_words_and_make_the_next_native_frame_a_caller() {
-        use profiler_common::runtimes::python::PY_FRAME_TAG;
+        const PY_FRAME_TAG: u64 = profiler_common::runtimes::runtime_tag(1);
         let words = [
             PY_FRAME_TAG | 0x7000,
             0x7100,
@@ -166,5 +262,99 @@ mod tests {
         assert_eq!(frames[1].pc, 0x2005);
         assert!(frames[1].lookup_pc < 0x2005 && frames[1].lookup_pc >= 0x2005 - 4);
         assert!(frames[2].lookup_pc < 0x3010);
+    }
+
+    /// Two activations of an interpreter marked in the native part, their
+    /// frames in its section: each takes its mark's place, in order; a
+    /// third mark the section has no frames for is its native frame.
+    #[test]
+    fn an_interpreters_section_takes_the_place_of_its_marks() {
+        use profiler_common::runtimes::{
+            ACTIVATION_LAST, MARK_ACTIVATION, MARK_END, MARK_SECTION, runtime_tag,
+        };
+        use profiler_common::unwind::FRAME_EXACT_PC;
+        let py = runtime_tag(1);
+        let words = [
+            0x1000, // C leaf, called from Python
+            py | MARK_ACTIVATION,
+            0x2000, // the eval loop's PC
+            0x3000, // C calling back into Python
+            py | MARK_ACTIVATION,
+            0x4000,
+            py | MARK_ACTIVATION,
+            0x5000,
+            0x6000, // main
+            py | MARK_SECTION,
+            0,
+            py | 0xa0,
+            0xa1, // activation 1: two frames, ended by a mark
+            py | 0xb0,
+            0xb1,
+            py | MARK_END,
+            0,
+            py | 0xc0 | ACTIVATION_LAST,
+            0xc1, // activation 2: one frame, the last
+        ];
+        let frames: Vec<_> = user_frames(&words).collect();
+        let runtime = |payload: u64, second: u64| UserFrame::Runtime {
+            first: py | payload,
+            second,
+        };
+        let native = |frame: &UserFrame| match frame {
+            UserFrame::Native(raw) => raw.pc,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(frames.len(), 7, "{frames:?}");
+        assert_eq!(native(&frames[0]), 0x1000);
+        assert_eq!(frames[1], runtime(0xa0, 0xa1));
+        assert_eq!(frames[2], runtime(0xb0, 0xb1));
+        assert_eq!(native(&frames[3]), 0x3000);
+        assert_eq!(frames[4], runtime(0xc0, 0xc1));
+        // The third mark: no activation left, so the eval loop itself, a
+        // caller (looked up one byte back).
+        let UserFrame::Native(eval_loop) = frames[5] else {
+            panic!("{frames:?}");
+        };
+        assert_eq!(eval_loop.pc, 0x5000);
+        assert!(eval_loop.lookup_pc < 0x5000);
+        assert_eq!(native(&frames[6]), 0x6000);
+        // A leaf in the eval loop, no section at all: its exact PC.
+        let leaf = [py | MARK_ACTIVATION, 0x7000 | FRAME_EXACT_PC, 0x8000];
+        let frames: Vec<_> = user_frames(&leaf).collect();
+        let UserFrame::Native(first) = frames[0] else {
+            panic!("{frames:?}");
+        };
+        assert_eq!((first.pc, first.lookup_pc), (0x7000, 0x7000));
+        assert_eq!(frames.len(), 2);
+    }
+
+    /// A section cut inside an activation keeps the frames it has and its
+    /// cut mark; the activations after it are native.
+    #[test]
+    fn a_cut_section_keeps_what_it_has() {
+        use profiler_common::runtimes::{MARK_ACTIVATION, MARK_CUT, MARK_SECTION, runtime_tag};
+        let py = runtime_tag(1);
+        let words = [
+            py | MARK_ACTIVATION,
+            0x2000,
+            py | MARK_ACTIVATION,
+            0x4000,
+            py | MARK_SECTION,
+            0,
+            py | 0xa0,
+            0xa1,
+            py | MARK_CUT,
+            2,
+        ];
+        let frames: Vec<_> = user_frames(&words).collect();
+        assert_eq!(frames.len(), 3, "{frames:?}");
+        assert_eq!(
+            frames[1],
+            UserFrame::Runtime {
+                first: py | MARK_CUT,
+                second: 2
+            }
+        );
+        assert!(matches!(frames[2], UserFrame::Native(raw) if raw.pc == 0x4000));
     }
 }

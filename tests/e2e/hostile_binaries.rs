@@ -18,7 +18,7 @@ fn fuzz_regressions_elf_object() {
                 let _ = object.resolve(address);
                 let _ = object.offset_to_address(address);
             }
-            let _ = profiler_unwind::build::build_bytes(data, profiler_runtimes::UNWIND_ROWS);
+            let _ = profiler_unwind::build::build_bytes(data, profiler_runtimes::unwind_rows());
         }
     }
 }
@@ -89,7 +89,7 @@ fn mutated_binaries_give_answers_or_clean_errors() {
         let _ = profiler_probes::usdt::probes_from_elf(&bytes, Path::new("mutated"));
         assert!(
             !matches!(
-                profiler_unwind::build::build_bytes(&bytes, profiler_runtimes::UNWIND_ROWS),
+                profiler_unwind::build::build_bytes(&bytes, profiler_runtimes::unwind_rows()),
                 Err(profiler_unwind::build::NoTable::Panicked)
             ),
             "the unwind-table builder panicked on round {round}"

@@ -559,7 +559,8 @@ fn a_profile_without_python_frames_when_asked() {
         &workload.pid().to_string(),
         "-d",
         "2s",
-        "--no-python",
+        "--runtimes",
+        "go,hotspot",
         "-o",
         out.to_str().unwrap(),
     ]);

@@ -124,7 +124,7 @@ fn readelf_rows(path: &Path, fp_name: &str) -> Vec<(u64, u64, Vec<ReadelfRow>)> 
 
 fn table_of(path: &Path) -> ObjectTable {
     let data = std::fs::read(path).unwrap();
-    build_bytes(&data, profiler_runtimes::UNWIND_ROWS)
+    build_bytes(&data, profiler_runtimes::unwind_rows())
         .unwrap_or_else(|e| panic!("no table for {}: {e}", path.display()))
         .table
 }

@@ -135,37 +135,23 @@ pub struct RecordArgs {
           requires = "off_cpu_mode")]
     pub off_cpu_period: Option<Duration>,
 
-    /// Leave out Go pprof labels. By default the labels Go programs set
-    /// with pprof.Do / SetGoroutineLabels become sample labels, as in the
-    /// program's own runtime/pprof profiles (`go tool pprof
-    /// -tagfocus=endpoint=/checkout`).
-    #[arg(long)]
-    pub no_go_labels: bool,
-
-    /// Leave out Python frames. By default the stacks of CPython processes
-    /// (3.10 to 3.14) show each Python function with its file and line,
-    /// between the native frames that called it and those it called.
-    #[arg(long)]
-    pub no_python: bool,
-
-    /// Leave out Java frames. By default the stacks of HotSpot JVMs
-    /// (OpenJDK 17 to 25) show each Java method with its file and line,
-    /// interpreted or compiled, inlined methods included, between the
-    /// native frames; no JVM flag is needed.
-    #[arg(long)]
-    pub no_java: bool,
+    /// The language runtimes read from processes' memory, comma-separated:
+    /// `go` (goroutines' pprof labels become sample labels, as in the
+    /// program's own runtime/pprof profiles: `go tool pprof
+    /// -tagfocus=endpoint=/checkout`), `cpython` (Python functions with
+    /// their files and lines, CPython 3.10 to 3.14), `hotspot` (Java
+    /// methods, interpreted, compiled and inlined, OpenJDK 17 to 25), or
+    /// `all` or `none`. Go's symbols and stacks are read either way.
+    #[arg(long, default_value = "all", value_name = "LIST",
+          value_parser = profiler_runtimes::selection)]
+    pub runtimes: profiler_runtimes::Selection,
 
     /// Keep only these Go label keys (comma-separated, `*` globs).
-    #[arg(
-        long,
-        value_name = "KEYS",
-        value_delimiter = ',',
-        conflicts_with = "no_go_labels"
-    )]
+    #[arg(long, value_name = "KEYS", value_delimiter = ',')]
     pub go_label_keys: Vec<String>,
 
     /// Also label each Go sample with its goroutine's id (`goroutine`).
-    #[arg(long, conflicts_with = "no_go_labels")]
+    #[arg(long)]
     pub goroutine_labels: bool,
 
     /// Folded stacks and SVG: put these labels' values in front of each
@@ -180,12 +166,12 @@ pub struct RecordArgs {
 }
 
 impl RecordArgs {
-    /// What to do with Go labels, from the flags.
-    pub fn go_labels_config(&self) -> Option<profiler_runtimes::go::labels::GoLabelsConfig> {
-        (!self.no_go_labels).then(|| profiler_runtimes::go::labels::GoLabelsConfig {
+    /// What to do with Go labels (when `go` is among the runtimes).
+    pub fn go_labels_config(&self) -> profiler_runtimes::go::labels::GoLabelsConfig {
+        profiler_runtimes::go::labels::GoLabelsConfig {
             goroutine: self.goroutine_labels,
             keys: self.go_label_keys.clone(),
-        })
+        }
     }
 }
 

@@ -42,9 +42,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         unwind_tables: !args.frame_pointers_only,
         unwind_table_bytes: args.unwind_table_mib << 20,
         off_cpu: args.off_cpu_config(),
+        runtimes: args.runtimes.clone(),
         go_labels: args.go_labels_config(),
-        python: !args.no_python,
-        java: !args.no_java,
     };
     args.debuginfod.configure();
     let mut recorder = Recorder::start(&config)?;
@@ -257,9 +256,6 @@ const EXPLAINED: &[Counter] = &[
     Counter::OffCpuStacksSent,
     Counter::GoLabelsRead,
     Counter::GoLabelsCut,
-    Counter::PythonFrames,
-    Counter::PythonThreadUnknown,
-    Counter::PythonCut,
     Counter::FramesFromTables,
     Counter::FramesFromFrameRecords,
     Counter::SignalFrames,
@@ -372,54 +368,8 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
             s.jit_resolved
         );
     }
-    let g = &recording.runtime_stats.go_labels;
-    if g.processes > 0 || !g.unknown.is_empty() {
-        eprintln!(
-            "  Go labels: read in {} processes (layout from DWARF for {} binaries, from the Go \
-             version for {}); {} samples caught a goroutine, {} of them with labels cut \
-             (over {} labels, or a key over {} / a value over {} bytes)",
-            g.processes,
-            g.from_dwarf,
-            g.from_versions,
-            c[Counter::GoLabelsRead],
-            c[Counter::GoLabelsCut],
-            profiler_common::runtimes::go::MAX_GO_LABELS,
-            profiler_common::runtimes::go::GO_LABEL_KEY_BYTES,
-            profiler_common::runtimes::go::GO_LABEL_VALUE_BYTES,
-        );
-        for why in &g.unknown {
-            eprintln!("  no Go labels for {why}");
-        }
-    }
-    let p = &recording.runtime_stats.python;
-    if p.processes > 0 || !p.refused.is_empty() {
-        eprintln!(
-            "  Python: frames read in {} processes (layout from the interpreter's \
-             _Py_DebugOffsets for {}, from the checked version table for {}), {} threads; {} \
-             Python frames written, {} samples met a thread not yet registered, {} cut",
-            p.processes,
-            p.from_debug_offsets,
-            p.from_tables,
-            p.threads,
-            c[Counter::PythonFrames],
-            c[Counter::PythonThreadUnknown],
-            c[Counter::PythonCut],
-        );
-        for why in &p.refused {
-            eprintln!("  no Python frames for {why}");
-        }
-    }
-    let j = &recording.runtime_stats.jvm;
-    if j.processes > 0 || !j.refused.is_empty() {
-        eprintln!(
-            "  Java: frames read in {} JVMs; {} Java frames written, {} stacks cut in Java code",
-            j.processes,
-            c[Counter::JavaFrames],
-            c[Counter::JavaCut],
-        );
-        for why in &j.refused {
-            eprintln!("  no Java frames for {why}");
-        }
+    for line in &recording.runtime_report {
+        eprintln!("  {line}");
     }
     let t = &recording.unwind_tables;
     if t.tables_loaded > 0 || c[Counter::FramesFromTables] > 0 {

@@ -119,7 +119,7 @@ pub fn run(args: &TablesArgs) -> anyhow::Result<()> {
     for path in &args.paths {
         let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let started = Instant::now();
-        let built = build_bytes(&data, profiler_runtimes::UNWIND_ROWS)
+        let built = build_bytes(&data, profiler_runtimes::unwind_rows())
             .with_context(|| format!("{}", path.display()))?;
         let mut rules = RuleSet::default();
         let paged = PagedTable::build(&built.table, &mut rules)

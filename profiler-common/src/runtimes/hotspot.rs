@@ -18,14 +18,10 @@
 //! Every offset comes from the JVM's own `gHotSpotVMStructs` tables, read
 //! by user space from the process (`JvmProcess`): no table per JDK build.
 
-use super::python::{RUNTIME_FRAME, RUNTIME_KIND_SHIFT};
-
-/// `RUNTIME_*`: HotSpot. Payload: a frame kind (`JVM_KIND_*`) in bits
-/// 52-55, `JVM_EXACT` in bit 51, an address in bits 0-47.
-pub const RUNTIME_HOTSPOT: u64 = 2;
-
-/// The first word of a Java frame.
-pub const JVM_FRAME_TAG: u64 = RUNTIME_FRAME | (RUNTIME_HOTSPOT << RUNTIME_KIND_SHIFT);
+/// The first word of a Java frame. Its payload: a frame kind
+/// (`JVM_KIND_*`) in bits 52-55, `JVM_EXACT` in bit 51, an address in bits
+/// 0-47.
+pub const JVM_FRAME_TAG: u64 = super::runtime_tag(super::RUNTIME_HOTSPOT);
 
 pub const JVM_KIND_SHIFT: u32 = 52;
 pub const JVM_KIND_MASK: u64 = 0xf << JVM_KIND_SHIFT;
@@ -145,3 +141,9 @@ pub const BLOB_WINDOW: usize = 104;
 /// below the frame pointer (the deepest slot used, arm64's bytecode
 /// pointer) to the return address above it.
 pub const INTERPRETER_WORDS: usize = 11;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain #[repr(C)] data; any bit pattern is a valid value.
+    unsafe impl aya::Pod for super::JvmProcess {}
+}

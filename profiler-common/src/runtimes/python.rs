@@ -91,26 +91,11 @@ pub struct PyThread {
 /// its locals).
 pub const FRAME_WINDOW: usize = 112;
 
-/// Marks a user-stack word as the first of a runtime frame's two words
-/// (not a code address: user addresses never reach bit 62). Bits 56-61
-/// say which runtime (`RUNTIME_*`); the low 56 bits hold the runtime's
-/// first word.
-pub const RUNTIME_FRAME: u64 = 1 << 62;
-/// The bits of a runtime frame's first word that name its runtime.
-pub const RUNTIME_KIND_SHIFT: u32 = 56;
-pub const RUNTIME_KIND_MASK: u64 = 0x3f << RUNTIME_KIND_SHIFT;
-/// The first word's payload.
-pub const RUNTIME_PAYLOAD_MASK: u64 = (1 << RUNTIME_KIND_SHIFT) - 1;
-
-/// `RUNTIME_*`: CPython. Payload: the code object's address; second word:
-/// the instruction pointer (3.11 on) or `f_lasti` (3.10).
-pub const RUNTIME_CPYTHON: u64 = 1;
-
 /// The first word of a CPython frame.
-pub const PY_FRAME_TAG: u64 = RUNTIME_FRAME | (RUNTIME_CPYTHON << RUNTIME_KIND_SHIFT);
+pub const PY_FRAME_TAG: u64 = super::runtime_tag(super::RUNTIME_CPYTHON);
 
-/// A CPython frame whose payload is 0 is a mark, not a frame: the Python
-/// part of the stack was cut there, for the reason in its second word.
+/// Reasons of a CPython cut (`super::MARK_CUT`, in its second word): a
+/// frame could not be read.
 pub const PY_CUT_READ_FAULT: u64 = 1;
 /// The frame chain was longer than the walker follows for one sample.
 pub const PY_CUT_TOO_DEEP: u64 = 2;
@@ -123,3 +108,11 @@ pub const MAX_PY_THREADS: u32 = 16384;
 /// Python frames one sample may hold (each is two words of the user
 /// stack): deep recursion is cut there, and the cut marked.
 pub const MAX_PY_FRAMES: u32 = 256;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain #[repr(C)] data; any bit pattern is a valid value.
+    unsafe impl aya::Pod for super::PyProcess {}
+    // SAFETY: plain #[repr(C)] data; any bit pattern is a valid value.
+    unsafe impl aya::Pod for super::PyThread {}
+}

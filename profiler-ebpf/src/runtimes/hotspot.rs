@@ -1,9 +1,11 @@
 //! HotSpot in the stack walker: Java frames of the JVM's code cache, one
-//! per walk step, written as two words each (see
+//! per step, written as two words each (see
 //! `profiler_common::runtimes::hotspot` for the record and the layout).
 //!
-//! The native walker asks [`step`] first at every frame; it answers only
-//! for PCs inside the code cache of a process user space registered:
+//! A program of the walk's chain (`chain`): the native walker hands the
+//! walk over when the PC enters the code cache (a code region the JVM's
+//! registry wrote for the process), and this walker steps frames while it
+//! stays there:
 //!
 //! - in the template interpreter, the frame is the interpreter's: its
 //!   `Method*` and bytecode pointer are in slots below the frame pointer
@@ -19,9 +21,18 @@
 //!   pointer; where a C++ caller follows, the native walker goes on.
 //!
 //! Every read is checked; a frame that cannot be followed ends the walk
-//! with a cut mark (counted), never a guess.
+//! with a cut mark (counted), never a guess. A PC in the code cache where
+//! no blob is found goes back to the native walker, which steps it by its
+//! frame pointer.
 
-use aya_ebpf::{helpers::bpf_get_current_pid_tgid, macros::map, maps::HashMap};
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::bpf_loop,
+    macros::map,
+    maps::{HashMap, PerCpuArray},
+};
 use profiler_common::runtimes::hotspot::{
     BLOB_WINDOW, INTERPRETER_WORDS, JVM_ADDRESS_MASK, JVM_CUT_NO_BLOB, JVM_CUT_NO_CALLER,
     JVM_CUT_READ_FAULT, JVM_EXACT, JVM_FLAG_CODE_OFFSET, JVM_FLAG_FRAME_COMPLETE_16,
@@ -29,76 +40,201 @@ use profiler_common::runtimes::hotspot::{
     JVM_KIND_INTERPRETED, JVM_KIND_SHIFT, JvmProcess, MAX_COMPILED_FRAME, MAX_JVM_HEAPS,
     MAX_JVM_PROCESSES, MAX_SEGMENT_HOPS,
 };
+use profiler_common::runtimes::{CHAIN_NATIVE, RUNTIME_HOTSPOT, RuntimeCounter};
 use profiler_common::unwind::UserStackEnd;
-use profiler_common::{Counter, Sample};
+use profiler_common::{MAX_USER_FRAMES, Sample};
 
 use crate::walk::{
-    Step, WalkState, read_into, read_user, return_to, stack_pair, stack_word, stack_words,
-    write_runtime_frame,
+    self, Step, WalkState, bump_runtime, read_into, read_user, return_to, stack_pair, stack_word,
+    stack_words, write_runtime_frame,
 };
-use crate::{bump, machine, words};
+use crate::{chain, machine, words};
 
 /// JVMs and where they keep what the walker reads, written by user space
 /// once a process's VM is up.
 #[map]
 static JVM_PROCESSES: HashMap<u32, JvmProcess> = HashMap::with_max_entries(MAX_JVM_PROCESSES, 0);
 
-/// `WalkState::jvm_state`: not looked up yet in this walk.
-pub(crate) const JVM_UNSTARTED: u32 = 0;
-/// The process is a registered JVM.
-pub(crate) const JVM_ON: u32 = 1;
-/// It is not (or its Java part was cut): every frame is native.
-pub(crate) const JVM_OFF: u32 = 2;
+/// What the walker keeps while it walks a JVM's frames, one slot per
+/// context (`chain`).
+#[repr(C)]
+pub(crate) struct JvmWalk {
+    /// The process's layout, copied once per walk.
+    process: JvmProcess,
+    /// The blob header being read.
+    window: [u8; BLOB_WINDOW],
+    /// The interpreter frame being read, where the stack window could not
+    /// hold it.
+    frame: [u64; INTERPRETER_WORDS],
+    /// `JVM_ON` or `JVM_OFF` for this walk.
+    on: u64,
+}
+
+#[map]
+static JVM_WALK: PerCpuArray<JvmWalk> = PerCpuArray::with_max_entries(3, 0);
+
+crate::walkers!(
+    walk,
+    walk_hotspot_cpu,
+    walk_hotspot_sched,
+    walk_hotspot_probe
+);
+
+/// `JvmWalk::on`.
+const JVM_ON: u64 = 1;
+const JVM_OFF: u64 = 2;
+
+/// `WalkState::ready`'s bit: `JvmWalk` holds this walk's process.
+const READY: u32 = 1 << RUNTIME_HOTSPOT;
+
+/// The register HotSpot's template interpreter keeps the bytecode
+/// pointer in (`UserRegs::callee`: R13 on x86_64, X22 on arm64).
+const BCP_REGISTER: usize = if cfg!(bpf_target_arch = "aarch64") {
+    0
+} else {
+    1
+};
 
 /// The frame pointer's word in the interpreter window (`INTERPRETER_WORDS`).
 const FP_WORD: usize = 9;
 
-/// The Java frame at `state.pc`, and its caller; None when the PC is not
-/// in a registered JVM's code cache (the frame is native).
+#[repr(C)]
+struct StepContext {
+    state: *mut WalkState,
+    sample: *mut Sample,
+    jvm: *mut JvmWalk,
+}
+
+/// This walker's program run: Java frames while the PC is in the code
+/// cache, then back to the native walker (or to the finish, when the walk
+/// ended here).
 #[inline(always)]
-pub(crate) fn step(state: &mut WalkState, sample: &mut Sample) -> Option<Result<Step, ()>> {
-    if state.jvm_state == JVM_UNSTARTED {
-        state.jvm_state = JVM_OFF;
-        let pid = (bpf_get_current_pid_tgid() >> 32) as u32;
+fn walk<C: EbpfContext, const K: u32>(ctx: &C) {
+    let (Some(state), Some(sample), Some(jvm)) =
+        (walk::state(K), crate::scratch(K), JVM_WALK.get_ptr_mut(K))
+    else {
+        return;
+    };
+    // SAFETY: this CPU's walk state, scratch record and JVM state of
+    // context K, ours while the chain runs.
+    let (state, walk_jvm) = unsafe { (&mut *state, &mut *jvm) };
+    if state.ready & READY == 0 {
+        state.ready |= READY;
+        walk_jvm.on = JVM_OFF;
         // SAFETY: the value is copied out of the map.
-        if let Some(process) = unsafe { JVM_PROCESSES.get(&pid) } {
-            words::copy(&mut state.jvm, process);
-            state.jvm_state = JVM_ON;
+        if let Some(process) = unsafe { JVM_PROCESSES.get(&state.pid) } {
+            words::copy(&mut walk_jvm.process, process);
+            walk_jvm.on = JVM_ON;
         }
     }
-    if state.jvm_state != JVM_ON {
-        return None;
+    let mut context = StepContext {
+        state: &raw mut *state,
+        sample,
+        jvm: &raw mut *walk_jvm,
+    };
+    state.next = CHAIN_NATIVE;
+    if walk_jvm.on == JVM_ON {
+        // SAFETY: the callback and its context live through the call.
+        unsafe {
+            bpf_loop(
+                MAX_USER_FRAMES as u32,
+                step as *mut c_void,
+                (&mut context as *mut StepContext).cast(),
+                0,
+            )
+        };
+    } else {
+        state.native_once = 1;
     }
+    if state.next == CHAIN_NATIVE {
+        chain::call::<C, K>(ctx, state, CHAIN_NATIVE);
+        crate::bump(profiler_common::Counter::ChainMissing);
+    }
+    chain::finish::<C, K>(ctx, state);
+}
+
+/// `bpf_loop`'s callback: one frame, by `profiler_hotspot_step`.
+extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
+    // SAFETY: `context` is the StepContext on walk's stack.
+    let context = unsafe { &*(context as *const StepContext) };
+    let stepped = profiler_hotspot_step(context.state, context.sample, context.jvm);
+    // SAFETY: a local; see `native::step`.
+    if unsafe { core::ptr::read_volatile(&stepped) } == 0 {
+        0
+    } else {
+        1
+    }
+}
+
+/// One Java frame and its caller (a global function, verified on its own:
+/// see `native::profiler_walk_step`). Returns 1 when this walker's turn is
+/// over: the PC left the code cache (`state.next` is `CHAIN_NATIVE`), or
+/// the walk ended (`state.next` is `CHAIN_FINISH`, `state.end` why).
+#[inline(never)]
+#[unsafe(no_mangle)]
+pub(crate) extern "C" fn profiler_hotspot_step(
+    state: *mut WalkState,
+    sample: *mut Sample,
+    jvm: *mut JvmWalk,
+) -> i64 {
+    if state.is_null() || sample.is_null() || jvm.is_null() {
+        return 1;
+    }
+    // SAFETY: the StepContext's pointers, ours while the program runs.
+    let (state, sample, jvm) = unsafe { (&mut *state, &mut *sample, &mut *jvm) };
     let pc = state.pc;
-    if pc < state.jvm.code_low || pc >= state.jvm.code_high {
-        return None;
+    if pc < jvm.process.code_low || pc >= jvm.process.code_high {
+        return 1; // back to the native walker
+    }
+    if state.frames as usize >= MAX_USER_FRAMES {
+        state.next = profiler_common::runtimes::CHAIN_FINISH;
+        return 1; // end stays Truncated
     }
     // The innermost frame (or one a signal interrupted): its PC is where
     // the thread is, not a return address.
     let exact = (state.frames == 0 && state.leaf_in_system_call == 0) || state.exact_pc != 0;
-    state.exact_pc = 0;
-    let stepped = if state.jvm.interpreter_low <= pc && pc < state.jvm.interpreter_high {
-        interpreted(state, sample, exact)
+    let stepped = if jvm.process.interpreter_low <= pc && pc < jvm.process.interpreter_high {
+        interpreted(state, sample, jvm, exact)
     } else {
-        compiled(state, sample, exact)
+        compiled(state, sample, jvm, exact)
     };
-    Some(match stepped {
-        Ok(step) => Ok(step),
+    let ended = |state: &mut WalkState, end: UserStackEnd| {
+        state.end = end as u32;
+        state.next = profiler_common::runtimes::CHAIN_FINISH;
+        1
+    };
+    match stepped {
+        Ok(Step::Next) => {
+            state.exact_pc = 0;
+            state.fp_from_record = 0;
+            0
+        }
+        Ok(Step::End(end)) => ended(state, end),
+        // No code here that the JVM knows: the native walker takes this
+        // frame (by frame pointer), as code of no runtime.
+        Err(JVM_CUT_NO_BLOB) => {
+            state.native_once = 1;
+            1
+        }
         Err(reason) => {
-            bump(Counter::JavaCut);
-            state.jvm_state = JVM_OFF;
+            bump_runtime(RUNTIME_HOTSPOT, RuntimeCounter::Cut);
             // No room for the mark: the walk is over all the same.
             let mark = JVM_FRAME_TAG | (JVM_KIND_CUT << JVM_KIND_SHIFT);
             let _ = write_runtime_frame(state, sample, mark, reason);
-            Ok(Step::End(UserStackEnd::TableStop))
+            ended(state, UserStackEnd::TableStop)
         }
-    })
+    }
 }
 
 /// An interpreted frame: `Method*` and bytecode pointer from its slots;
 /// the caller at the frame pointer, its stack pointer in the sender slot.
 #[inline(always)]
-fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<Step, u64> {
+fn interpreted(
+    state: &mut WalkState,
+    sample: &mut Sample,
+    jvm: &mut JvmWalk,
+    exact: bool,
+) -> Result<Step, u64> {
     let fp = state.fp;
     if fp < state.sp || fp & 7 != 0 || fp >= machine::USER_LIMIT {
         return Err(JVM_CUT_NO_CALLER);
@@ -112,14 +248,14 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
     let first_slot = fp - (FP_WORD * 8) as u64;
     let at = stack_words(state, first_slot, INTERPRETER_WORDS as u64);
     if at.is_none() {
-        let to = state.jvm_frame.as_mut_ptr().cast();
+        let to = jvm.frame.as_mut_ptr().cast();
         // SAFETY: `jvm_frame` is INTERPRETER_WORDS words of this CPU's walk
         // state.
         if !unsafe { read_into(to, (INTERPRETER_WORDS * 8) as u64, first_slot) } {
             return Err(JVM_CUT_READ_FAULT);
         }
     }
-    let (stack, alone) = (&state.stack_window.words, &state.jvm_frame);
+    let (stack, alone) = (&state.stack_window.words, &jvm.frame);
     let word = |index: usize| match at {
         Some(at) => stack.get(at + index).copied().unwrap_or(0),
         None => alone.get(index).copied().unwrap_or(0),
@@ -132,12 +268,12 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
         }
         word(FP_WORD - below as usize)
     };
-    let method = slot(state.jvm.method_slot);
-    let sender_sp = slot(state.jvm.sender_sp_slot);
+    let method = slot(jvm.process.method_slot);
+    let sender_sp = slot(jvm.process.sender_sp_slot);
     let bcp = if exact {
-        state.bcp
+        state.callee[BCP_REGISTER]
     } else {
-        slot(state.jvm.bcp_slot)
+        slot(jvm.process.bcp_slot)
     };
     let caller_fp = word(FP_WORD);
     let return_address = word(FP_WORD + 1);
@@ -148,7 +284,7 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
     if !write_runtime_frame(state, sample, first, bcp) {
         return Ok(Step::End(UserStackEnd::Truncated));
     }
-    bump(Counter::JavaFrames);
+    bump_runtime(RUNTIME_HOTSPOT, RuntimeCounter::Frames);
     // The caller's stack is above this frame.
     if sender_sp <= fp || sender_sp >= machine::USER_LIMIT {
         return Err(JVM_CUT_NO_CALLER);
@@ -162,27 +298,32 @@ fn interpreted(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Resul
 /// stub, adapter): the blob through the segment map, the caller through
 /// its frame size.
 #[inline(always)]
-fn compiled(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<Step, u64> {
+fn compiled(
+    state: &mut WalkState,
+    sample: &mut Sample,
+    jvm: &mut JvmWalk,
+    exact: bool,
+) -> Result<Step, u64> {
     let pc = state.pc;
-    let blob = find_blob(state, pc)?;
-    let to = state.jvm_window.as_mut_ptr();
+    let blob = find_blob(&jvm.process, pc)?;
+    let to = jvm.window.as_mut_ptr();
     // SAFETY: `jvm_window` is BLOB_WINDOW bytes of this CPU's walk state.
     if !unsafe { read_into(to, BLOB_WINDOW as u64, blob) } {
         return Err(JVM_CUT_READ_FAULT);
     }
-    let jvm = &state.jvm;
-    let frame_words = int(&state.jvm_window, jvm.blob_frame_size) as i32;
-    let frame_complete = if jvm.flags & JVM_FLAG_FRAME_COMPLETE_16 != 0 {
-        int(&state.jvm_window, jvm.blob_frame_complete) as i16 as i64
+    let (process, window) = (&jvm.process, &jvm.window);
+    let frame_words = int(window, process.blob_frame_size) as i32;
+    let frame_complete = if process.flags & JVM_FLAG_FRAME_COMPLETE_16 != 0 {
+        int(window, process.blob_frame_complete) as i16 as i64
     } else {
-        int(&state.jvm_window, jvm.blob_frame_complete) as i32 as i64
+        int(window, process.blob_frame_complete) as i32 as i64
     };
-    let code = if jvm.flags & JVM_FLAG_CODE_OFFSET != 0 {
-        blob.wrapping_add(int(&state.jvm_window, jvm.blob_code) as i32 as i64 as u64)
+    let code = if process.flags & JVM_FLAG_CODE_OFFSET != 0 {
+        blob.wrapping_add(int(window, process.blob_code) as i32 as i64 as u64)
     } else {
-        word(&state.jvm_window, jvm.blob_code)
+        word(window, process.blob_code)
     };
-    let compile_id = read_user(blob.wrapping_add(u64::from(jvm.nmethod_compile_id)))
+    let compile_id = read_user(blob.wrapping_add(u64::from(process.nmethod_compile_id)))
         .map_err(|_| JVM_CUT_READ_FAULT)?
         & 0xffff_ffff;
     let offset = pc.wrapping_sub(code);
@@ -198,7 +339,7 @@ fn compiled(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<S
     ) {
         return Ok(Step::End(UserStackEnd::Truncated));
     }
-    bump(Counter::JavaFrames);
+    bump_runtime(RUNTIME_HOTSPOT, RuntimeCounter::Frames);
     if frame_words < 0 || frame_words as u64 * 8 > MAX_COMPILED_FRAME {
         return Err(JVM_CUT_NO_CALLER);
     }
@@ -209,12 +350,12 @@ fn compiled(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<S
         // (a leaf stub called from compiled code).
         if exact {
             if cfg!(bpf_target_arch = "aarch64") {
-                if state.jvm.code_low <= state.lr && state.lr < state.jvm.code_high {
+                if jvm.process.code_low <= state.lr && state.lr < jvm.process.code_high {
                     return leaf_return(state, state.sp);
                 }
             } else if let Ok(return_address) = stack_word(state, state.sp)
-                && state.jvm.code_low <= return_address
-                && return_address < state.jvm.code_high
+                && jvm.process.code_low <= return_address
+                && return_address < jvm.process.code_high
             {
                 state.sp += 8;
                 return Ok(return_to(state, return_address));
@@ -242,7 +383,7 @@ fn compiled(state: &mut WalkState, sample: &mut Sample, exact: bool) -> Result<S
         // entry is an nmethod's field; read from another kind of blob it
         // is not between the code's start and its frame's completion, and
         // only the code's start counts.
-        let verified = verified_entry(state, blob, code)?;
+        let verified = verified_entry(&jvm.process, blob, code)?;
         let before_frame = if code <= verified && verified - code <= frame_complete.max(0) as u64 {
             pc <= verified
         } else {
@@ -301,10 +442,10 @@ fn entry_caller_sp(sp: u64) -> u64 {
 
 /// The verified entry point of the blob whose code starts at `code`.
 #[inline(always)]
-fn verified_entry(state: &WalkState, blob: u64, code: u64) -> Result<u64, u64> {
-    let at = blob.wrapping_add(u64::from(state.jvm.nmethod_verified_entry));
+fn verified_entry(process: &JvmProcess, blob: u64, code: u64) -> Result<u64, u64> {
+    let at = blob.wrapping_add(u64::from(process.nmethod_verified_entry));
     let value = read_user(at).map_err(|_| JVM_CUT_READ_FAULT)?;
-    Ok(if state.jvm.flags & JVM_FLAG_VERIFIED_ENTRY_OFFSET != 0 {
+    Ok(if process.flags & JVM_FLAG_VERIFIED_ENTRY_OFFSET != 0 {
         code.wrapping_add(value & 0xffff)
     } else {
         value
@@ -315,8 +456,7 @@ fn verified_entry(state: &WalkState, blob: u64, code: u64) -> Result<u64, u64> {
 /// followed back to the block's start (each byte says how many segments
 /// back; 0 at a block's start, 0xff where no block is), a used block.
 #[inline(always)]
-fn find_blob(state: &WalkState, pc: u64) -> Result<u64, u64> {
-    let jvm = &state.jvm;
+fn find_blob(jvm: &JvmProcess, pc: u64) -> Result<u64, u64> {
     let mut found = None;
     for i in 0..MAX_JVM_HEAPS {
         if i as u32 >= jvm.heap_count {

@@ -21,10 +21,10 @@ use profiler_common::{SAMPLE_KIND_OFF_CPU, Sample};
 
 use crate::sampler::{KernelCounters, Sampler, SamplingConfig, SamplingError};
 use crate::tables::{UnwindTableStats, UnwindTables};
-use profiler_common::SAMPLE_FLAG_PY_THREAD_UNKNOWN;
+use profiler_common::SAMPLE_FLAG_RUNTIME_THREAD_UNKNOWN;
 use profiler_profile::{Profile, ProfileKind};
 use profiler_runtimes::go::labels::{GoLabelsConfig, LabelCache};
-use profiler_runtimes::{RuntimeFrames, RuntimeRegistry, RuntimeStats};
+use profiler_runtimes::{RuntimeFrames, RuntimeRegistry};
 use profiler_symbolize::Symbolizer;
 use profiler_symbolize::process::ProcessTable;
 
@@ -224,12 +224,11 @@ pub struct Recording {
     pub go_labels: Option<GoLabelsConfig>,
     /// Samples' label sets, decoded once per distinct raw block.
     pub label_cache: LabelCache,
-    /// The runtime frames of the stacks (Python's), named as they were
-    /// first seen.
+    /// The runtime frames of the stacks, named as they were first seen.
     pub runtime_frames: RuntimeFrames,
-    /// What the runtimes' registries did (Go labels, Python processes);
-    /// filled by `finish`.
-    pub runtime_stats: RuntimeStats,
+    /// What each runtime's registry and walker did, in words (the report's
+    /// lines); filled by `finish`.
+    pub runtime_report: Vec<String>,
 }
 
 impl Recording {
@@ -323,7 +322,7 @@ impl Recorder {
         let mut processes = ProcessTable::default();
         let symbolizer = profiler_runtimes::symbolizer();
         let (mut sampler, tables) = Sampler::start(config, |tables, runtimes| {
-            if !config.unwind_tables && config.go_labels.is_none() {
+            if !config.unwind_tables && config.go_labels().is_none() {
                 return;
             }
             let pids = if config.pids.is_empty() {
@@ -376,10 +375,10 @@ impl Recorder {
                 samples: 0,
                 queue_dropped: 0,
                 user_stack_ends: UserStackEnds::default(),
-                go_labels: config.go_labels.clone(),
+                go_labels: config.go_labels().cloned(),
                 label_cache: LabelCache::default(),
                 runtime_frames,
-                runtime_stats: RuntimeStats::default(),
+                runtime_report: Vec::new(),
             },
             started: Instant::now(),
             sampled: Default::default(),
@@ -404,7 +403,7 @@ impl Recorder {
             if seen.insert(sample.pid) {
                 new_pids.push(sample.pid);
             }
-            if sample.flags & SAMPLE_FLAG_PY_THREAD_UNKNOWN != 0 {
+            if sample.flags & SAMPLE_FLAG_RUNTIME_THREAD_UNKNOWN != 0 {
                 let due = refreshes
                     .get(&sample.pid)
                     .is_none_or(|at| at.elapsed() >= Duration::from_secs(1));
@@ -576,7 +575,10 @@ impl Recorder {
             tables.flush();
             self.recording.unwind_tables = tables.stats();
         }
-        self.recording.runtime_stats = self.runtimes.stats();
+        self.recording.runtime_report = self.runtimes.report(
+            self.recording.counters.as_slice(),
+            &self.sampler.runtime_counters(),
+        );
         self.recording
     }
 }
@@ -609,6 +611,14 @@ impl BatchClock {
     }
 }
 
+/// The Go binaries of registered processes, to read the label strings
+/// the sampling program sent by address.
+fn go_strings(runtimes: &RuntimeRegistry) -> Option<&profiler_runtimes::go::labels::GoStrings> {
+    runtimes
+        .get::<profiler_runtimes::go::labels::GoLabelRegistry>()
+        .map(|registry| registry.strings())
+}
+
 fn aggregate(
     recording: &mut Recording,
     tables: &Option<UnwindTables>,
@@ -635,7 +645,7 @@ fn aggregate(
     let labels = match &recording.go_labels {
         Some(config) => recording
             .label_cache
-            .labels(sample, config, runtimes.go_strings()),
+            .labels(sample, config, go_strings(runtimes)),
         None => recording.label_cache.none(),
     };
     let key = StackRef {

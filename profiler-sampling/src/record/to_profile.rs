@@ -455,8 +455,7 @@ fn runtime_location(
     builder.location(key, |builder| {
         let frames = runtime_frames.frames(pid, first, second);
         let frame_type = match frames.first().map(|f| f.source) {
-            Some(NameSource::CPython) => FrameType::CPython,
-            Some(NameSource::Jvm) => FrameType::Jvm,
+            Some(NameSource::Runtime(kind)) => FrameType::Runtime(kind),
             _ => FrameType::Native,
         };
         let symbolized = Symbolized {

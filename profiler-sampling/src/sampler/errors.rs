@@ -57,6 +57,9 @@ pub enum SamplingError {
     #[error("the runtimes' walkers: {0}")]
     Runtimes(#[from] profiler_runtimes::RuntimeError),
 
+    #[error("the stack walk's chain of programs: {0}")]
+    Chain(profiler_bpf::chain::ChainError),
+
     #[error(
         "the embedded BPF object has no program {0} (a build problem: run `cargo xtask setup`)"
     )]

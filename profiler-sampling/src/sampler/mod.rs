@@ -29,8 +29,10 @@ use profiler_common::{
 use self::reader::RecordReader;
 use self::user_stacks::UserStacks;
 use crate::tables::{TableStore, UnwindArrays, UnwindTables};
+use profiler_bpf::chain::{Chain, Context};
 use profiler_bpf::loading::raise_memlock_limit;
-use profiler_runtimes::{RuntimeRegistry, RuntimeSettings};
+use profiler_common::runtimes::RUNTIME_COUNTER_SLOTS;
+use profiler_runtimes::{RuntimeRegistry, Selection};
 
 /// Records waiting between the ring-buffer thread and the aggregation
 /// above this many bytes are dropped oldest first (see `reader`): at
@@ -53,16 +55,33 @@ pub struct SamplingConfig {
     /// Also record where threads wait (off-CPU intervals); None for CPU
     /// samples only.
     pub off_cpu: Option<OffCpuConfig>,
-    /// Copy Go goroutines' pprof labels into their samples; None leaves
-    /// them out (and the program's path for them with it).
-    pub go_labels: Option<profiler_runtimes::go::labels::GoLabelsConfig>,
-    /// Write Python frames into the stacks of CPython processes (needs
-    /// unwind tables: the eval loop is found by its rows).
-    pub python: bool,
-    /// Write Java frames into the stacks of HotSpot JVMs (with unwind
-    /// tables: the native frames between them need them).
-    pub java: bool,
+    /// The language runtimes whose frames (and Go's labels) the walkers
+    /// read (`--runtimes`; those that need unwind tables only with them).
+    pub runtimes: Selection,
+    /// Which of Go's labels samples keep, when Go is among `runtimes`.
+    pub go_labels: profiler_runtimes::go::labels::GoLabelsConfig,
 }
+
+impl SamplingConfig {
+    /// Go's label settings, when Go labels are read.
+    pub fn go_labels(&self) -> Option<&profiler_runtimes::go::labels::GoLabelsConfig> {
+        self.runtimes
+            .includes(&profiler_runtimes::go::GO)
+            .then_some(&self.go_labels)
+    }
+}
+
+/// The maps of the probes' programs, which sampling does not use
+/// (allocated when the object loads: one element each).
+const PROBE_MAPS: [&str; 7] = [
+    "THREADS",
+    "STARTS",
+    "HISTOGRAMS",
+    "STACKS",
+    "STACK_TOTALS",
+    "TRACE_STARTS",
+    "SITES",
+];
 
 /// Default bound on unwind-table rows: 64 MiB holds 16 M rows, the tables
 /// of hundreds of typical objects (libc: 0.2 MiB; see BENCHMARKS.md).
@@ -98,6 +117,11 @@ impl std::ops::Add for KernelCounters {
 }
 
 impl KernelCounters {
+    /// The totals by slot.
+    pub fn as_slice(&self) -> &[u64] {
+        &self.0
+    }
+
     /// Every counter with its total, in declaration order.
     pub fn iter(&self) -> impl Iterator<Item = (Counter, u64)> + '_ {
         Counter::ALL.iter().map(|&c| (c, self[c]))
@@ -119,6 +143,10 @@ pub struct Sampler {
     cpus: Vec<u32>,
     /// Until the recorder takes it (`take_runtimes`).
     runtimes: Option<RuntimeRegistry>,
+    /// Per-CPU counters of the runtimes' walkers.
+    runtime_counters: PerCpuArray<MapData, u64>,
+    /// The walk's chains: their program arrays stay open while sampling.
+    _chains: Vec<Chain>,
 }
 
 impl Sampler {
@@ -151,7 +179,7 @@ impl Sampler {
             Some(off_cpu) => Some(offcpu::Globals::new(off_cpu)?),
             None => None,
         };
-        let runtime_globals = profiler_runtimes::loading::Globals::new(config.go_labels.is_some());
+        let runtime_globals = profiler_runtimes::globals(&config.runtimes, config.unwind_tables);
         let mut loader = EbpfLoader::new();
         loader
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
@@ -160,8 +188,14 @@ impl Sampler {
             globals.apply(&mut loader);
         }
         runtime_globals.apply(&mut loader);
+        // The probes' maps are not this product's: one element each (a
+        // ring buffer, one page).
+        for name in PROBE_MAPS {
+            loader.map_max_entries(name, 1);
+        }
+        loader.map_max_entries("TRACE_EVENTS", profiler_bpf::loading::page_size());
         let mut ebpf = loader
-            .load(profiler_bpf::SAMPLING_OBJECT)
+            .load(profiler_bpf::OBJECT)
             .map_err(SamplingError::load)?;
 
         if !config.pids.is_empty() {
@@ -178,15 +212,21 @@ impl Sampler {
         }
 
         let arrays = UnwindArrays::take(&mut ebpf)?;
-        let runtimes = RuntimeRegistry::spawn(
-            &mut ebpf,
-            RuntimeSettings {
-                go_labels: config.go_labels.is_some(),
-                python: config.python && config.unwind_tables,
-                java: config.java && config.unwind_tables,
-            },
-        )
-        .map_err(SamplingError::Runtimes)?;
+        let runtimes = profiler_runtimes::start(&mut ebpf, &config.runtimes, config.unwind_tables)
+            .map_err(SamplingError::Runtimes)?;
+        let walkers = profiler_runtimes::walkers(&config.runtimes, config.unwind_tables);
+        let mut chains = vec![
+            profiler_bpf::chain::fill(&mut ebpf, Context::Cpu, &walkers, None)
+                .map_err(SamplingError::Chain)?,
+        ];
+        if off_cpu.is_some() {
+            let btf = aya::Btf::from_sys_fs()
+                .map_err(|e| SamplingError::OffCpuBtf(profiler_bpf::loading::error_chain(&e)))?;
+            chains.push(
+                profiler_bpf::chain::fill(&mut ebpf, Context::Sched, &walkers, Some(&btf))
+                    .map_err(SamplingError::Chain)?,
+            );
+        }
         let tables = UnwindTables::spawn(TableStore::new(
             arrays,
             profiler_common::unwind::MAX_UNWIND_PROCESSES,
@@ -224,6 +264,11 @@ impl Sampler {
                 .ok_or(SamplingError::MissingMap("COUNTERS"))?,
         )
         .map_err(|e| SamplingError::Map("COUNTERS", e))?;
+        let runtime_counters = PerCpuArray::try_from(
+            ebpf.take_map("RUNTIME_COUNTERS")
+                .ok_or(SamplingError::MissingMap("RUNTIME_COUNTERS"))?,
+        )
+        .map_err(|e| SamplingError::Map("RUNTIME_COUNTERS", e))?;
         // Loading parsed the kernel's BTF (megabytes of type data) and
         // freed it; hand that memory back instead of keeping it resident.
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -241,6 +286,8 @@ impl Sampler {
             user_stacks: UserStacks::default(),
             cpus,
             runtimes: Some(runtimes),
+            runtime_counters,
+            _chains: chains,
         };
         Ok((sampler, tables))
     }
@@ -301,6 +348,19 @@ impl Sampler {
         self.reader.finish();
     }
 
+    /// Reads the runtimes' walkers' counters, summed over CPUs, by
+    /// `RuntimeCounter::slot`.
+    pub fn runtime_counters(&self) -> Vec<u64> {
+        (0..RUNTIME_COUNTER_SLOTS)
+            .map(|slot| {
+                self.runtime_counters
+                    .get(&slot, 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
     /// Reads the in-kernel counters, summed over CPUs.
     pub fn counters(&self) -> KernelCounters {
         let mut totals = KernelCounters::default();
@@ -347,7 +407,7 @@ fn copy_record(record: &[u8], sample: &mut Sample) -> bool {
         );
     }
     sample.kernel_frames as usize <= profiler_common::MAX_STACK_DEPTH
-        && sample.user_frames as usize <= profiler_common::MAX_USER_FRAMES
+        && sample.user_frames as usize <= profiler_common::MAX_USER_WORDS
         && Sample::record_len(sample.kernel_frames as usize + sample.user_frames as usize)
             <= record.len()
         && (sample.flags & profiler_common::SAMPLE_FLAG_GO_LABELS == 0

@@ -92,7 +92,7 @@ impl UserStacks {
             }
         };
         // Both fit: a record has at most MAX_STACK_DEPTH kernel frames
-        // (`copy_record` checks) and a stack MAX_USER_FRAMES user frames,
+        // (`copy_record` checks) and a stack MAX_USER_WORDS user words,
         // and MAX_SAMPLE_FRAMES is their sum.
         let kernel = interval.kernel_frames as usize;
         let user = stack.frames.len();

@@ -451,7 +451,7 @@ impl TableStore {
         let built = build::build(
             &map,
             Some(DebugSearch { object: file }),
-            profiler_runtimes::UNWIND_ROWS,
+            profiler_runtimes::unwind_rows(),
         );
         self.stats.build_time += started.elapsed();
         let built = match built {
@@ -840,7 +840,7 @@ mod tests {
         assert!(entries[0].page_count > 0);
         let table = build::build_bytes(
             &std::fs::read(LIBC).unwrap(),
-            profiler_runtimes::UNWIND_ROWS,
+            profiler_runtimes::unwind_rows(),
         )
         .unwrap()
         .table;
@@ -904,7 +904,7 @@ mod tests {
         let rows_of = |path: &str| {
             let table = build::build_bytes(
                 &std::fs::read(path).unwrap(),
-                profiler_runtimes::UNWIND_ROWS,
+                profiler_runtimes::unwind_rows(),
             )
             .unwrap()
             .table;

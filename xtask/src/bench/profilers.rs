@@ -48,7 +48,7 @@ impl Tool {
             Tool::None => "no profiler",
             Tool::Agent => "profiler-agent",
             Tool::AgentFramePointers => "profiler-agent --frame-pointers-only",
-            Tool::AgentNoGoLabels => "profiler-agent --no-go-labels",
+            Tool::AgentNoGoLabels => "profiler-agent --runtimes cpython,hotspot",
             Tool::Perf => "perf record",
             Tool::Bpftrace => "bpftrace",
             Tool::Bcc => "bcc profile",
@@ -64,7 +64,9 @@ impl Tool {
                 "profiler-agent -F {hz} --frame-pointers-only --duration 30m --output agent.pb.gz"
             ),
             Tool::AgentNoGoLabels => {
-                format!("profiler-agent -F {hz} --no-go-labels --duration 30m --output agent.pb.gz")
+                format!(
+                    "profiler-agent -F {hz} --runtimes cpython,hotspot --duration 30m --output agent.pb.gz"
+                )
             }
             Tool::Perf => format!("perf record -F {hz} -g -a -o perf.data"),
             Tool::Bpftrace => format!("bpftrace -e '{}'", bpftrace_program(hz)),
@@ -127,7 +129,14 @@ impl Tool {
             }
             Tool::AgentNoGoLabels => {
                 let output = env.out.join(format!("agent-nolabels-{label}.pb.gz"));
-                return start_agent(env, hz, &output, &log, pid, &["--no-go-labels"]);
+                return start_agent(
+                    env,
+                    hz,
+                    &output,
+                    &log,
+                    pid,
+                    &["--runtimes", "cpython,hotspot"],
+                );
             }
             Tool::Perf => {
                 let output = env.out.join(format!("perf-{label}.data"));

@@ -15,7 +15,7 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray},
 };
 use profiler_common::{
-    Counter, UserRegs,
+    Counter,
     runtimes::go::{
         GO_LABEL_KEY_BYTES, GO_LABEL_VALUE_BYTES, GO_LABELS_CUT, GO_LABELS_LAST_ENTRY,
         GO_LABELS_MAP, GO_LABELS_OFFSET_MASK, GO_LABELS_ROOM, GO_LABELS_SLICE, GO_PROCESS_TLS,
@@ -94,8 +94,8 @@ pub fn enabled() -> bool {
 /// leaves room for one after any number of frames) that no other program
 /// writes while this one runs (each program context has its own record).
 #[inline(always)]
-pub unsafe fn read(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32) -> Option<usize> {
-    let len = profiler_go_labels(pid, regs, block, slot);
+pub unsafe fn read(pid: u32, g: u64, block: *mut GoLabels, slot: u32) -> Option<usize> {
+    let len = profiler_go_labels(pid, g, block, slot);
     // SAFETY: a local; the volatile read keeps the compiler, which sees
     // the function's body, from folding the bounds check away: the
     // verifier knows nothing of a global function's result.
@@ -118,15 +118,15 @@ pub unsafe fn read(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32) -
 #[unsafe(no_mangle)]
 pub(crate) extern "C" fn profiler_go_labels(
     pid: u32,
-    regs: *const UserRegs,
+    g: u64,
     block: *mut GoLabels,
     slot: u32,
 ) -> i64 {
-    if regs.is_null() || block.is_null() {
+    if block.is_null() {
         return -1;
     }
     // SAFETY: the caller's promise (`read`), checked for null above.
-    match unsafe { read_labels(pid, &*regs, block, slot) } {
+    match unsafe { read_labels(pid, g, block, slot) } {
         Some(len) => len as i64,
         None => -1,
     }
@@ -137,7 +137,7 @@ pub(crate) extern "C" fn profiler_go_labels(
 /// # Safety
 /// As `read`.
 #[inline(always)]
-unsafe fn read_labels(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32) -> Option<usize> {
+unsafe fn read_labels(pid: u32, g: u64, block: *mut GoLabels, slot: u32) -> Option<usize> {
     // SAFETY: read in place: a copy cost the off-CPU program stack it does
     // not have. The values are offsets for checked reads of user memory:
     // an entry user space rewrites meanwhile misdirects only those.
@@ -145,7 +145,7 @@ unsafe fn read_labels(pid: u32, regs: &UserRegs, block: *mut GoLabels, slot: u32
     // SAFETY: this CPU's slot for the caller's kind of program, which
     // does not nest in itself on one CPU.
     let words = unsafe { &mut *LABEL_READS.get_ptr_mut(slot)? };
-    let curg = current_goroutine(process, regs, words)?;
+    let curg = current_goroutine(process, g, words)?;
     // SAFETY: the caller's promise.
     let labels = unsafe { &mut *block };
     labels.goid = curg.goid;
@@ -230,11 +230,11 @@ fn g_fields(process: &GoProcess, words: &mut [u64; READ_WORDS], g: u64) -> Optio
 #[inline(always)]
 fn current_goroutine(
     process: &GoProcess,
-    regs: &UserRegs,
+    g: u64,
     words: &mut [u64; READ_WORDS],
 ) -> Option<GFields> {
-    if regs.go_g & 7 == 0
-        && let Some(found) = curg_of(process, words, regs.go_g)
+    if g & 7 == 0
+        && let Some(found) = curg_of(process, words, g)
     {
         return Some(found);
     }

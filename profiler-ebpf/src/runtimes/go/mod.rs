@@ -4,3 +4,12 @@
 
 pub mod labels;
 pub mod stacks;
+
+/// The register Go code keeps its current goroutine in
+/// (`UserRegs::callee`: R14 on amd64, X28 on arm64; ABIInternal, Go
+/// 1.17+): a g only when the interrupted code was Go's.
+pub(crate) const G_REGISTER: usize = if cfg!(bpf_target_arch = "aarch64") {
+    3
+} else {
+    2
+};

@@ -36,6 +36,12 @@ pub(crate) fn cgocall_step(state: &mut WalkState, rule: &UnwindRule) -> Result<S
     Ok(walk::return_to(state, return_address))
 }
 
+/// Go's g register at the sample (a g only if the leaf was Go code).
+#[inline(always)]
+pub(crate) fn g_register(state: &WalkState) -> u64 {
+    state.callee[super::G_REGISTER]
+}
+
 /// `g0.sched.sp` of goroutine `g` (the g register at the sample), if `g`
 /// is the g whose stack `sp` is on (see RULE_GO_CGOCALLBACK).
 #[inline(always)]

@@ -13,14 +13,16 @@ use std::time::{Duration, Instant};
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use object::{Object, ObjectSymbol};
+use profiler_common::runtimes::RUNTIME_HOTSPOT;
 use profiler_common::runtimes::hotspot::JvmProcess;
+use profiler_runtime::Regions;
 use profiler_symbolize::process::{ObjectFile, ObjectId, Process};
 
 use super::layout::{self, JvmLayout, LayoutError};
 use super::vmstructs::{SYMBOLS, VmStructs};
-use crate::memory::ProcessMemory;
-use crate::objects::{NotRuntime, ObjectMapping, load_bias, mappings_of, segments_of};
-use crate::worker::{Handler, Worker};
+use profiler_runtime::memory::ProcessMemory;
+use profiler_runtime::objects::{NotRuntime, ObjectMapping, load_bias, mappings_of, segments_of};
+use profiler_runtime::worker::{Handler, Worker};
 
 /// Tries for a JVM whose VM is not up yet.
 const MAX_ATTEMPTS: u32 = 20;
@@ -63,12 +65,16 @@ pub struct JvmRegistry {
 }
 
 impl JvmRegistry {
-    pub fn spawn(process_map: BpfHashMap<MapData, u32, JvmProcess>) -> std::io::Result<Self> {
+    pub fn spawn(
+        process_map: BpfHashMap<MapData, u32, JvmProcess>,
+        regions: Regions,
+    ) -> std::io::Result<Self> {
         let stats = Arc::new(Mutex::new(JvmStats::default()));
         let processes: JvmProcesses = Arc::default();
         let not_jvm = NotRuntime::default();
         let state = State {
             process_map,
+            regions,
             objects: HashMap::new(),
             not_jvm: not_jvm.clone(),
             pending: HashMap::new(),
@@ -128,6 +134,8 @@ struct JvmObject {
 
 struct State {
     process_map: BpfHashMap<MapData, u32, JvmProcess>,
+    /// Where the native walker hands the walk over: the code cache.
+    regions: Regions,
     /// Per object: a libjvm, None when it is not one.
     objects: HashMap<ObjectId, Option<JvmObject>>,
     /// The objects of `objects` that are no libjvm.
@@ -181,6 +189,7 @@ impl Handler for State {
                 self.pending.remove(&pid);
                 if self.registered.remove(&pid).is_some() {
                     let _ = self.process_map.remove(&pid);
+                    self.regions.clear(pid, RUNTIME_HOTSPOT);
                 }
                 if let Ok(mut processes) = self.processes.write() {
                     processes.remove(&pid);
@@ -246,6 +255,11 @@ impl State {
         let major = layout::major_version(&structs, &memory)?;
         let jvm_layout = JvmLayout::new(&structs, major)?;
         let walker = layout::walker_layout(&structs, &jvm_layout, &memory)?;
+        // A code cache the JVM's own tables place over other code, or over
+        // all of user space, is a forgery: refused, the process native.
+        self.regions
+            .set_for_process(pid, RUNTIME_HOTSPOT, &[(walker.code_low, walker.code_high)])
+            .map_err(|e| LayoutError::Invalid(format!("its code cache: {e}")))?;
         self.process_map
             .insert(pid, walker, 0)
             .map_err(|e| LayoutError::Invalid(format!("JVM_PROCESSES: {e}")))?;
@@ -294,4 +308,76 @@ fn read_object(object: &ObjectFile) -> Option<JvmObject> {
         }))
     })
     .ok()?
+}
+
+impl profiler_runtime::Registry for JvmRegistry {
+    fn register(&self, process: &Process) {
+        JvmRegistry::register(self, process);
+    }
+
+    fn unregister(&self, pid: u32) {
+        JvmRegistry::unregister(self, pid);
+    }
+
+    fn retain_objects(&self, keep: &HashSet<ObjectId>) {
+        JvmRegistry::retain_objects(self, keep);
+    }
+
+    fn flush(&self) {
+        JvmRegistry::flush(self);
+    }
+
+    fn report(&self, counts: &profiler_runtime::Counts) -> Vec<String> {
+        use profiler_common::runtimes::RuntimeCounter;
+        let j = self.stats();
+        if j.processes == 0 && j.refused.is_empty() {
+            return Vec::new();
+        }
+        let mut lines = vec![format!(
+            "Java: frames read in {} JVMs; {} Java frames written, {} stacks cut in Java code, \
+             {} frames in the code cache without a blob walked by frame pointer",
+            j.processes,
+            counts.runtime(RuntimeCounter::Frames),
+            counts.runtime(RuntimeCounter::Cut),
+            counts.runtime(RuntimeCounter::Fallback),
+        )];
+        lines.extend(
+            j.refused
+                .iter()
+                .map(|why| format!("no Java frames for {why}")),
+        );
+        lines
+    }
+
+    fn namer(&self) -> Option<Box<dyn profiler_runtime::FrameNamer>> {
+        Some(Box::new(JvmNamer {
+            frames: super::JvmFrames::default(),
+            processes: self.processes(),
+        }))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Names Java frames with what the registry read of JVMs.
+struct JvmNamer {
+    frames: super::JvmFrames,
+    processes: JvmProcesses,
+}
+
+impl profiler_runtime::FrameNamer for JvmNamer {
+    fn frames(&mut self, pid: u32, payload: u64, second: u64) -> Vec<profiler_symbolize::Frame> {
+        let jvm = self
+            .processes
+            .read()
+            .ok()
+            .and_then(|p| p.get(&pid).cloned());
+        self.frames.frames(jvm.as_deref(), payload, second)
+    }
+
+    fn retain(&mut self, keep: &dyn Fn(u32) -> bool) {
+        self.frames.retain(keep);
+    }
 }

@@ -20,7 +20,7 @@ use super::layout::{
     BUCKET_ALLNEXT, BUCKET_NSTK, BUCKET_SIZE, BUCKET_STACK, BUCKET_TYPE, MEM_PROFILE,
 };
 use super::{GoTarget, StateError, globals};
-use crate::memory::Memory;
+use profiler_runtime::memory::Memory;
 
 /// Most buckets read: a program's distinct allocation sites times sizes
 /// are thousands; a list longer than this is forged or corrupt.
@@ -569,7 +569,7 @@ struct Named {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::ImageMemory;
+    use profiler_runtime::memory::ImageMemory;
 
     /// A bucket at `at` with `pcs` and cycles, as Go 1.21 lays it out.
     fn bucket(at: u64, next: u64, pcs: &[u64], size: u64, cycles: [[u64; 4]; 4]) -> (u64, Vec<u8>) {

@@ -13,8 +13,9 @@
 //! - [`state`]: the runtime's heap profile and goroutines, read from a
 //!   process's memory.
 //!
-//! [`GO`] plugs the first two into the symbolizer and the unwind-table
-//! builder.
+//! [`GO`] is the runtime as the products see it
+//! (`profiler_runtime::Runtime`): its symbols and rows always, its labels
+//! when it is selected.
 
 pub mod labels;
 pub mod pclntab;
@@ -23,6 +24,8 @@ pub mod unwind;
 
 use std::sync::Arc;
 
+use aya::Ebpf;
+use profiler_runtime::{Globals, Registry, Runtime, RuntimeError, Shared};
 use profiler_symbolize::{RuntimeObjects, RuntimeSymbols};
 use profiler_unwind::build::{RuntimeRows, RuntimeTable, TableSource};
 use profiler_unwind::table::ObjectTable;
@@ -32,8 +35,45 @@ use pclntab::GoSymbols;
 /// The Go runtime, as the symbolizer and the table builder ask it.
 pub struct Go;
 
-/// The one instance the runtime lists name.
+/// The one instance the runtime list names.
 pub static GO: Go = Go;
+
+/// The sampling program's global that switches label reading on
+/// (profiler-ebpf/src/runtimes/go/labels.rs).
+const GLOBAL_GO_LABELS: &str = "GO_LABELS";
+
+impl Runtime for Go {
+    fn name(&self) -> &'static str {
+        "go"
+    }
+
+    fn about(&self) -> &'static str {
+        "goroutines' pprof labels on Go samples (Go's symbols and stacks are always read)"
+    }
+
+    fn frame_type(&self) -> &'static str {
+        "go"
+    }
+
+    fn symbols(&self) -> Option<&'static dyn RuntimeObjects> {
+        Some(&GO)
+    }
+
+    fn unwind_rows(&self) -> Option<&'static dyn RuntimeRows> {
+        Some(&GO)
+    }
+
+    fn globals(&self, on: bool, globals: &mut Globals) {
+        globals.set(GLOBAL_GO_LABELS, &[u8::from(on)]);
+    }
+
+    fn start(&self, ebpf: &mut Ebpf, _shared: &Shared) -> Result<Box<dyn Registry>, RuntimeError> {
+        let registry =
+            labels::GoLabelRegistry::spawn(profiler_runtime::hash_map(ebpf, "GO_PROCESSES")?)
+                .map_err(|e| RuntimeError::Thread("go-labels", e))?;
+        Ok(Box::new(registry))
+    }
+}
 
 /// Whether `file` was built by Go: it has Go's build-id note or build-info
 /// section, or names the pclntab. (A stripped file that lost its section

@@ -23,9 +23,9 @@ use super::layout::{
     STATUS_SCAN, STATUS_SYSCALL, STATUS_WAITING,
 };
 use super::{GoTarget, StateError, globals};
-use crate::go::unwind::INJECTED_CALLS;
-use crate::memory::Memory;
+use crate::unwind::INJECTED_CALLS;
 use profiler_common::unwind::GO_ARM64_INJECTED_CALL_SLOT;
+use profiler_runtime::memory::Memory;
 
 /// Most goroutines read: a million parked goroutines is a program in
 /// trouble already; a longer list is forged.
@@ -927,10 +927,10 @@ mod tests {
     }
 
     /// Memory at 0x1000 with `words` (8 bytes each) and `text` after them.
-    fn image(words: &[u64], text: &[u8]) -> crate::memory::ImageMemory {
+    fn image(words: &[u64], text: &[u8]) -> profiler_runtime::memory::ImageMemory {
         let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
         bytes.extend_from_slice(text);
-        crate::memory::ImageMemory {
+        profiler_runtime::memory::ImageMemory {
             base: 0x1000,
             bytes,
         }

@@ -102,7 +102,7 @@ fn block_key(key: &mut Vec<u8>, pid: u32, block: &GoLabels, goroutine: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::go::labels::fixtures::{block, labelled_sample, register};
+    use crate::labels::fixtures::{block, labelled_sample, register};
 
     /// A sample of `pid`'s goroutine 7 whose block holds `tier` copied
     /// (its bytes past the length `junk`) and a value sent by address,

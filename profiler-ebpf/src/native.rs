@@ -1,4 +1,4 @@
-//! The user stack walker.
+//! The native walker: the chain's first program (`chain`).
 //!
 //! Starting from the task's user registers, each step finds the caller's
 //! (pc, sp, fp): by the rule of the unwind-table row that covers `pc` when
@@ -8,33 +8,44 @@
 //! `profiler_common::unwind`. `bpf_loop` keeps the verifier's work to one
 //! step, and the step is a global function (`profiler_walk_step`) that the
 //! kernel verifies on its own: kernels that treat a loop callback as a
-//! loop prune none of its states until the loop converges. The walk's
-//! state lives in a per-CPU map and reaches each step through the loop's
-//! context pointer, so a step does no map lookup of its own besides the
-//! table's array reads. The rules found are kept in that
-//! state for the next samples (`WalkState::rule_cache`): a service's stacks
-//! return to the same few hundred addresses, and most lookups end there.
+//! loop prune none of its states until the loop converges. The rules found
+//! are kept in the walk state for the next samples (`WalkState::rule_cache`):
+//! a service's stacks return to the same few hundred addresses, and most
+//! lookups end there.
+//!
+//! Runtimes: a PC in a runtime's code (a code region user space
+//! registered for the process, or a `RULE_RUNTIME` row) ends the loop and
+//! hands the walk to that runtime's walker, which gives it back when the
+//! stack leaves its code; an interpreter's eval loop (a row with
+//! `RULE_FLAG_INTERPRETER`) gets an activation mark in place of its frame,
+//! and is unwound natively.
 
 use core::ffi::c_void;
 
 use aya_ebpf::{
+    EbpfContext,
     helpers::bpf_loop,
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap},
 };
+use profiler_common::runtimes::{CHAIN_FINISH, RuntimeCounter, chain_slot};
 use profiler_common::unwind::{
     DEFAULT_UNWIND_ROW_BLOCKS, FRAME_EXACT_PC, FRAME_RECORD_RANGES, MAX_PROCESS_UNWIND_MAPPINGS,
     MAX_UNWIND_MAPPINGS, MAX_UNWIND_PAGES, MAX_UNWIND_PROCESSES, MAX_UNWIND_RULES, ProcessUnwind,
     RULE_CACHE_GRANULE_SHIFT, RULE_CACHE_SLOTS, RULE_CFA_DEREF_FP, RULE_CFA_FP, RULE_CFA_SP,
     RULE_FLAG_FP_FROM_FP, RULE_FLAG_FP_LOST, RULE_FLAG_GO_INJECTED_CALL, RULE_FLAG_INTERPRETER,
     RULE_FLAG_UNSUPPORTED, RULE_FRAME_POINTER, RULE_GO_CGOCALL, RULE_GO_CGOCALLBACK, RULE_PLT,
-    RULE_ROOT, RULE_SIGNAL, RULE_STOP, UNWIND_PAGE_SHIFT, UNWIND_ROWS_PER_BLOCK, UnwindMapping,
-    UnwindPage, UnwindRowBlock, UnwindRule, UserStackEnd,
+    RULE_ROOT, RULE_RUNTIME, RULE_SIGNAL, RULE_STOP, UNWIND_PAGE_SHIFT, UNWIND_ROWS_PER_BLOCK,
+    UnwindMapping, UnwindPage, UnwindRowBlock, UnwindRule, UserStackEnd,
 };
-use profiler_common::{Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, Sample, UserRegs};
+use profiler_common::{
+    Counter, MAX_SAMPLE_FRAMES, MAX_USER_FRAMES, SAMPLE_FLAG_UNKNOWN_MAPPING, Sample,
+};
 
-use crate::walk::{CachedRule, Step, WalkState, read_user, return_to, stack_pair, stack_word};
-use crate::{bump, machine, runtimes, words};
+use crate::walk::{
+    self, CachedRule, Step, WalkState, bump_runtime, read_user, return_to, stack_pair, stack_word,
+};
+use crate::{bump, chain, machine, runtimes, words};
 
 /// `BPF_F_MMAPABLE`: user space writes the tables through a shared
 /// mapping of the arrays, with no system call per row.
@@ -64,15 +75,11 @@ static UNWIND_MAPPINGS: Array<UnwindMapping> =
 static UNWIND_PROCESSES: HashMap<u32, ProcessUnwind> =
     HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
 
-/// One walk state per context that can walk on a CPU at once: the
-/// perf-event program (`WALK_SAMPLING`) and the scheduler's switch
-/// (`WALK_SCHEDULER`). They do not interrupt each other (the switch runs
-/// with interrupts off), but one state each keeps that from mattering.
-#[map]
-static WALK: PerCpuArray<WalkState> = PerCpuArray::with_max_entries(2, 0);
+crate::walkers!(walk, walk_native_cpu, walk_native_sched, walk_native_probe);
 
-pub const WALK_SAMPLING: u32 = 0;
-pub const WALK_SCHEDULER: u32 = 1;
+/// `WalkState::ready`'s bit for the native walker (runtimes' ids start at
+/// 1): the process's mappings are loaded.
+const NATIVE_READY: u32 = 1;
 
 /// What each loop step needs, passed through `bpf_loop`'s context pointer.
 #[repr(C)]
@@ -81,104 +88,58 @@ struct StepContext {
     sample: *mut Sample,
 }
 
-/// How a walk went.
-pub struct Walk {
-    pub frames: u32,
-    pub end: UserStackEnd,
-    /// The leaf PC was in no mapping registered for the process: its maps
-    /// changed (see `SAMPLE_FLAG_UNKNOWN_MAPPING`).
-    pub unknown_leaf: bool,
-    /// A CPython eval loop was met in a thread user space has not
-    /// registered (see `SAMPLE_FLAG_PY_THREAD_UNKNOWN`).
-    pub python_thread_unknown: bool,
-}
-
-/// Walks the current task's user stack into `sample.frames`, after the
-/// `kernel_frames` kernel frames already there, with the walk state of
-/// context `slot` (`WALK_*`); `in_system_call` when the registers are
-/// those of a task inside a system call (`machine::SavedUser`).
+/// The native walker's program run: steps frames until the walk ends or
+/// reaches a runtime's code, then hands over (to the runtime, or to the
+/// marked interpreters and the finish).
 #[inline(always)]
-pub fn walk_user_stack(
-    slot: u32,
-    pid: u32,
-    regs: &UserRegs,
-    in_system_call: bool,
-    sample: *mut Sample,
-    kernel_frames: u32,
-) -> Walk {
-    let nothing = Walk {
-        frames: 0,
-        end: UserStackEnd::None,
-        unknown_leaf: false,
-        python_thread_unknown: false,
+fn walk<C: EbpfContext, const K: u32>(ctx: &C) {
+    let (Some(state), Some(sample)) = (walk::state(K), crate::scratch(K)) else {
+        return;
     };
-    // A kernel thread has no user registers worth walking.
-    if regs.pc == 0 || regs.pc >= machine::USER_LIMIT {
-        return nothing;
-    }
-    let Some(state) = WALK.get_ptr_mut(slot) else {
-        return nothing;
-    };
-    // SAFETY: this CPU's walk state, used only by this program run.
-    unsafe {
-        (*state).pc = regs.pc;
-        (*state).sp = regs.sp;
-        (*state).fp = regs.fp;
-        (*state).lr = machine::strip_pointer_auth(regs.lr);
-        (*state).go_g = regs.go_g;
-        (*state).bcp = regs.bcp;
-        // Field by field (`words`: no byte-wise memset).
-        words::set(&raw mut (*state).mapping.start, 0);
-        words::set(&raw mut (*state).mapping.end, 0);
-        words::set(&raw mut (*state).first_mapping, 0);
-        words::set(&raw mut (*state).mapping_count, 0);
-        words::set(&raw mut (*state).generation, 0);
-        (*state).stack_window.clear();
-        (*state).py_window.clear();
-        words::set(&raw mut (*state).frames, 0);
-        words::set(&raw mut (*state).kernel_frames, kernel_frames);
-        words::set(&raw mut (*state).end, UserStackEnd::Truncated as u32);
-        words::set(&raw mut (*state).exact_pc, 0);
-        words::set(&raw mut (*state).leaf_in_system_call, in_system_call as u32);
-        words::set(&raw mut (*state).unknown_leaf, 0);
-        words::set(&raw mut (*state).fp_from_record, 0);
-        words::set(&raw mut (*state).py_state, runtimes::python::PY_UNSTARTED);
-        words::set(&raw mut (*state).py_pending, 0);
-        words::set(&raw mut (*state).py_unknown_thread, 0);
-        words::set(&raw mut (*state).py_end, 0);
-        words::set(
-            &raw mut (*state).jvm_state,
-            runtimes::hotspot::JVM_UNSTARTED,
-        );
-        if let Some(process) = UNWIND_PROCESSES.get(&pid) {
-            (*state).first_mapping = process.first_mapping;
-            (*state).mapping_count = process.mapping_count;
-            (*state).generation = process.generation;
+    // SAFETY: this CPU's walk state and scratch record of context K, ours
+    // while the chain runs (programs of one context do not nest on a CPU).
+    let state = unsafe { &mut *state };
+    if state.ready & NATIVE_READY == 0 {
+        // The walk's first turn: its process's mappings.
+        state.ready |= NATIVE_READY;
+        // SAFETY: the value is copied out of the map.
+        if let Some(process) = unsafe { UNWIND_PROCESSES.get(&state.pid) } {
+            state.first_mapping = process.first_mapping;
+            state.mapping_count = process.mapping_count;
+            state.generation = process.generation;
         }
-        let mut context = StepContext { state, sample };
-        bpf_loop(
-            MAX_USER_FRAMES as u32,
-            step as *mut c_void,
-            (&mut context as *mut StepContext).cast(),
-            0,
-        );
-        let end = match (*state).end {
-            1 => UserStackEnd::Root,
-            2 => UserStackEnd::NoTable,
-            3 => UserStackEnd::TableStop,
-            4 => UserStackEnd::ReadFault,
-            _ => UserStackEnd::Truncated,
+    }
+    // Twice at most: a runtime's walker that is not there (switched off)
+    // leaves its frame to this one.
+    for _ in 0..2 {
+        state.next = CHAIN_FINISH;
+        let mut context = StepContext {
+            state: &raw mut *state,
+            sample,
         };
-        if end == UserStackEnd::Truncated {
-            bump(Counter::UserStackTruncated);
+        // SAFETY: the callback and its context live through the call.
+        unsafe {
+            bpf_loop(
+                MAX_USER_FRAMES as u32,
+                step as *mut c_void,
+                (&mut context as *mut StepContext).cast(),
+                0,
+            )
+        };
+        let slot = state.next;
+        if slot == CHAIN_FINISH {
+            break;
         }
-        Walk {
-            frames: (*state).frames,
-            end,
-            unknown_leaf: (*state).unknown_leaf != 0,
-            python_thread_unknown: (*state).py_unknown_thread != 0,
+        if chain::may_hand_over(state) {
+            chain::call::<C, K>(ctx, state, slot);
+            bump(Counter::ChainMissing);
+        } else {
+            bump(Counter::ChainCut);
         }
+        // Not walked by its runtime: by frame pointer, here.
+        state.native_once = 1;
     }
+    chain::finish::<C, K>(ctx, state);
 }
 
 const CONTINUE: i64 = 0;
@@ -186,7 +147,7 @@ const STOP: i64 = 1;
 
 /// `bpf_loop`'s callback: one frame, by `profiler_walk_step`.
 extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
-    // SAFETY: `context` is the StepContext on walk_user_stack's stack.
+    // SAFETY: `context` is the StepContext on walk's stack.
     let context = unsafe { &*(context as *const StepContext) };
     // The verifier knows nothing of a global function's result, and a
     // callback must return 0 or 1.
@@ -201,7 +162,8 @@ extern "C" fn step(_index: u64, context: *mut c_void) -> i64 {
 }
 
 /// One frame: record `pc`, then move to the caller. Returns STOP when the
-/// walk is over (with `state.end` saying why).
+/// walk is over (with `state.end` saying why) or leaves for a runtime's
+/// walker (`state.next`).
 ///
 /// A global function (exported to bpf-linker by profiler-bpf's build, so
 /// its BTF linkage stays global): the kernel verifies it once, on its
@@ -222,35 +184,6 @@ pub(crate) extern "C" fn profiler_walk_step(state: *mut WalkState, sample: *mut 
     // SAFETY: the StepContext's pointers, this CPU's walk state and
     // scratch sample, ours while the program runs.
     let (state, sample) = unsafe { (&mut *state, &mut *sample) };
-    // An eval loop activation's Python frames, one per iteration, before
-    // its native caller is recorded (`runtimes::python`).
-    if state.py_pending != 0 {
-        if !runtimes::python::step(state, sample) {
-            return STOP; // no room left: end stays Truncated
-        }
-        if state.py_pending == 0 && state.py_end != 0 {
-            state.end = state.py_end;
-            return STOP;
-        }
-        return CONTINUE;
-    }
-    // Java code in a JVM's code cache: its frame, and its caller, by the
-    // JVM's own layout (`runtimes::hotspot`).
-    if let Some(stepped) = runtimes::hotspot::step(state, sample) {
-        state.fp_from_record = 0;
-        return match stepped {
-            Ok(Step::Next) => CONTINUE,
-            Ok(Step::End(end)) => {
-                state.end = end as u32;
-                STOP
-            }
-            Err(()) => {
-                bump(Counter::UserStackFailed);
-                state.end = UserStackEnd::ReadFault as u32;
-                STOP
-            }
-        };
-    }
     let n = state.frames;
     // 64-bit arithmetic and one bounds check on the very value used as the
     // index: the verifier must see the write stay inside the sample.
@@ -259,15 +192,6 @@ pub(crate) extern "C" fn profiler_walk_step(state: *mut WalkState, sample: *mut 
         return STOP; // end stays Truncated
     }
     let slot = slot as usize;
-    let exact = if state.exact_pc != 0 {
-        FRAME_EXACT_PC
-    } else {
-        0
-    };
-    if let Some(frame) = sample.frames.get_mut(slot) {
-        *frame = state.pc | exact;
-    }
-    state.frames = n + 1;
 
     // A caller's pc is a return address: look up the call instruction.
     let exact_pc = state.exact_pc != 0;
@@ -276,36 +200,56 @@ pub(crate) extern "C" fn profiler_walk_step(state: *mut WalkState, sample: *mut 
     } else {
         state.pc - 1
     };
-    state.exact_pc = 0;
+    let native_once = state.native_once != 0;
+    state.native_once = 0;
     // A Go caller whose frame record is its unwind: the step without the
     // rule (a lookup, most often a hit in the rule cache, is one cold line
     // of memory a frame where the record's words are already in the
     // stack window).
     if n > 0 && !exact_pc && state.fp_from_record != 0 && is_frame_record_caller(state, lookup) {
+        record(state, sample, slot);
         bump(Counter::FramesFromFrameRecords);
-        let end = match frame_pointer_step(state) {
-            Ok(Step::Next) => return CONTINUE,
-            Ok(Step::End(end)) => end as u32,
-            Err(()) => {
-                bump(Counter::UserStackFailed);
-                UserStackEnd::ReadFault as u32
-            }
-        };
-        state.end = end;
-        return STOP;
+        let stepped = frame_pointer_step(state);
+        return finish_step(state, stepped);
     }
     let (rule, mapped) = find_rule(state, lookup);
     if n == 0 && !mapped && state.mapping_count > 0 {
-        state.unknown_leaf = 1;
+        state.sample_flags |= SAMPLE_FLAG_UNKNOWN_MAPPING as u32;
     }
-    // An interpreter's eval loop: its Python frames take the place of its
-    // native frame (written by the next iterations), and it is unwound
+    // A runtime's code: its walker writes the frame (unless it just found
+    // none of its own here). Its regions are anonymous code, which no
+    // table describes: only a frame without a row is looked for there.
+    let runtime = match rule.kind {
+        RULE_RUNTIME => rule.param as u8,
+        RULE_FRAME_POINTER => walk::region_of(state, state.pc),
+        _ => 0,
+    };
+    let runtime = if native_once {
+        // The frame lies in a runtime's code that had no frame there.
+        if runtime != 0 {
+            bump_runtime(runtime, RuntimeCounter::Fallback);
+        }
+        0
+    } else {
+        runtime
+    };
+    if runtime != 0 && runtimes::enabled(runtime) {
+        state.next = chain_slot(runtime);
+        return STOP;
+    }
+    // An interpreter's eval loop: an activation mark in place of its
+    // native frame (its frames come later, see `chain::finish`), unwound
     // natively by the rest of its rule.
-    if rule.flags & RULE_FLAG_INTERPRETER != 0 && runtimes::python::enter(state) {
-        state.frames = n;
+    if rule.flags & RULE_FLAG_INTERPRETER != 0 && runtimes::enabled(rule.param as u8) {
+        if !walk::write_activation(state, sample, rule.param as u8) {
+            return STOP; // no room left: end stays Truncated
+        }
+    } else {
+        record(state, sample, slot);
     }
+    state.exact_pc = 0;
     let stepped = match rule.kind {
-        RULE_FRAME_POINTER => {
+        RULE_FRAME_POINTER | RULE_RUNTIME => {
             if rule.flags & RULE_FLAG_UNSUPPORTED != 0 {
                 bump(Counter::FramesUnsupportedCfi);
             }
@@ -317,8 +261,8 @@ pub(crate) extern "C" fn profiler_walk_step(state: *mut WalkState, sample: *mut 
         }
         RULE_GO_CGOCALLBACK => {
             bump(Counter::FramesFromTables);
-            if let Ok(Some(system_sp)) = runtimes::go::stacks::system_stack_of(state.go_g, state.sp)
-            {
+            let g = runtimes::go::stacks::g_register(state);
+            if let Ok(Some(system_sp)) = runtimes::go::stacks::system_stack_of(g, state.sp) {
                 // Continue on the system stack, in cgocallback's frame
                 // there: the C code that called back is its caller.
                 state.sp = system_sp;
@@ -345,6 +289,27 @@ pub(crate) extern "C" fn profiler_walk_step(state: *mut WalkState, sample: *mut 
         // RULE_STOP, and a kind this walker does not know.
         RULE_STOP | _ => Ok(Step::End(UserStackEnd::TableStop)),
     };
+    finish_step(state, stepped)
+}
+
+/// Writes the current frame's PC into the sample.
+#[inline(always)]
+fn record(state: &mut WalkState, sample: &mut Sample, slot: usize) {
+    let exact = if state.exact_pc != 0 {
+        FRAME_EXACT_PC
+    } else {
+        0
+    };
+    if let Some(frame) = sample.frames.get_mut(slot) {
+        *frame = state.pc | exact;
+    }
+    state.frames += 1;
+    state.exact_pc = 0;
+}
+
+/// CONTINUE after a step to the caller, or STOP with the walk's end.
+#[inline(always)]
+fn finish_step(state: &mut WalkState, stepped: Result<Step, ()>) -> i64 {
     let end = match stepped {
         Ok(Step::Next) => return CONTINUE,
         Ok(Step::End(end)) => end as u32,
@@ -353,11 +318,6 @@ pub(crate) extern "C" fn profiler_walk_step(state: *mut WalkState, sample: *mut 
             UserStackEnd::ReadFault as u32
         }
     };
-    if state.py_pending != 0 {
-        // The walk ends here, after this activation's Python frames.
-        state.py_end = end;
-        return CONTINUE;
-    }
     state.end = end;
     STOP
 }

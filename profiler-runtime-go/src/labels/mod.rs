@@ -30,7 +30,7 @@ use profiler_common::runtimes::go::{
 
 use profiler_symbolize::process::{ObjectFile, ObjectId, Process};
 
-use crate::worker::{Handler, Worker};
+use profiler_runtime::worker::{Handler, Worker};
 
 /// What to do with Go labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -461,5 +461,55 @@ mod tests {
         assert!(glob_match("a*b*c", "aXXbYYc"));
         assert!(!glob_match("a*b*c", "aXXcYYb"));
         assert!(!glob_match("ab*ba", "aba"));
+    }
+}
+
+impl profiler_runtime::Registry for GoLabelRegistry {
+    fn register(&self, process: &Process) {
+        GoLabelRegistry::register(self, process);
+    }
+
+    fn unregister(&self, pid: u32) {
+        GoLabelRegistry::unregister(self, pid);
+    }
+
+    fn retain_objects(&self, keep: &std::collections::HashSet<ObjectId>) {
+        GoLabelRegistry::retain_objects(self, keep);
+    }
+
+    fn flush(&self) {
+        GoLabelRegistry::flush(self);
+    }
+
+    fn report(&self, counts: &profiler_runtime::Counts) -> Vec<String> {
+        use profiler_common::Counter;
+        use profiler_common::runtimes::go::{
+            GO_LABEL_KEY_BYTES, GO_LABEL_VALUE_BYTES, MAX_GO_LABELS,
+        };
+        let g = self.stats();
+        if g.processes == 0 && g.unknown.is_empty() {
+            return Vec::new();
+        }
+        let mut lines = vec![format!(
+            "Go labels: read in {} processes (layout from DWARF for {} binaries, from the Go \
+             version for {}); {} samples caught a goroutine, {} of them with labels cut \
+             (over {MAX_GO_LABELS} labels, or a key over {GO_LABEL_KEY_BYTES} / a value over \
+             {GO_LABEL_VALUE_BYTES} bytes)",
+            g.processes,
+            g.from_dwarf,
+            g.from_versions,
+            counts.kernel(Counter::GoLabelsRead),
+            counts.kernel(Counter::GoLabelsCut),
+        )];
+        lines.extend(
+            g.unknown
+                .iter()
+                .map(|why| format!("no Go labels for {why}")),
+        );
+        lines
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

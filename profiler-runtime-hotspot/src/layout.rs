@@ -12,7 +12,7 @@ use profiler_common::runtimes::hotspot::{
 
 use super::stream::Encoding;
 use super::vmstructs::VmStructs;
-use crate::memory::Memory;
+use profiler_runtime::memory::Memory;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LayoutError {

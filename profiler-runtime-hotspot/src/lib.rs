@@ -2,7 +2,8 @@
 //! interleaved with the native frames (JNI code, the JVM's C++), read
 //! from outside: no JVM flag, agent or restart. The BPF side is
 //! `profiler-ebpf/src/runtimes/hotspot.rs`, the types both sides share
-//! `profiler-common/src/runtimes/hotspot.rs`.
+//! `profiler-common/src/runtimes/hotspot.rs`; [`HOTSPOT`] is the runtime
+//! as the products see it (`profiler_runtime::Runtime`).
 //!
 //! - [`vmstructs`]: the JVM's own description of its structures
 //!   (`gHotSpotVMStructs` and friends), read from the process;
@@ -23,15 +24,68 @@ pub mod vmstructs;
 
 use std::collections::HashMap;
 
+use aya::Ebpf;
+use profiler_common::runtimes::RUNTIME_HOTSPOT;
 use profiler_common::runtimes::hotspot::{
     JVM_ADDRESS_MASK, JVM_CUT_NO_BLOB, JVM_CUT_NO_CALLER, JVM_EXACT, JVM_KIND_COMPILED,
     JVM_KIND_INTERPRETED, JVM_KIND_MASK, JVM_KIND_SHIFT,
 };
 use profiler_symbolize::{Frame, NameSource};
 
-use crate::memory::ProcessMemory;
 use code::JvmCode;
-use registry::JvmInstance;
+use profiler_runtime::memory::ProcessMemory;
+use profiler_runtime::{Registry, Runtime, RuntimeError, Shared};
+use registry::{JvmInstance, JvmRegistry};
+
+/// HotSpot, as the products see it.
+pub struct HotSpot;
+
+/// The one instance the runtime list names.
+pub static HOTSPOT: HotSpot = HotSpot;
+
+impl Runtime for HotSpot {
+    fn name(&self) -> &'static str {
+        "hotspot"
+    }
+
+    fn aliases(&self) -> &'static [&'static str] {
+        &["java", "jvm"]
+    }
+
+    fn about(&self) -> &'static str {
+        "Java methods, interpreted, compiled and inlined, with their files and lines (OpenJDK 17 to 25)"
+    }
+
+    fn id(&self) -> u8 {
+        RUNTIME_HOTSPOT
+    }
+
+    fn maps(&self) -> &'static [&'static str] {
+        &["JVM_PROCESSES", "JVM_WALK"]
+    }
+
+    fn frame_type(&self) -> &'static str {
+        "jvm"
+    }
+
+    fn walker(&self) -> Option<&'static str> {
+        Some("walk_hotspot")
+    }
+
+    /// The native frames between Java frames need them.
+    fn needs_tables(&self) -> bool {
+        true
+    }
+
+    fn start(&self, ebpf: &mut Ebpf, shared: &Shared) -> Result<Box<dyn Registry>, RuntimeError> {
+        let registry = JvmRegistry::spawn(
+            profiler_runtime::hash_map(ebpf, "JVM_PROCESSES")?,
+            shared.regions.clone(),
+        )
+        .map_err(|e| RuntimeError::Thread("jvm", e))?;
+        Ok(Box::new(registry))
+    }
+}
 
 /// Java frames of a run's stacks, named per process.
 #[derive(Default)]
@@ -94,5 +148,5 @@ impl JvmFrames {
 }
 
 fn named(text: &str) -> Frame {
-    Frame::named(text.to_string()).from_source(NameSource::Jvm)
+    Frame::named(text.to_string()).from_source(NameSource::Runtime("jvm"))
 }

@@ -18,9 +18,9 @@ use super::code::Interpreter;
 use super::interpreter::{self, InterpreterFile};
 use super::layout::{Layout, LayoutSource};
 use super::threads;
-use crate::memory::ProcessMemory;
-use crate::objects::{NotRuntime, ObjectMapping, load_bias, mappings_of, segments_of};
-use crate::worker::{Handler, Worker};
+use profiler_runtime::memory::ProcessMemory;
+use profiler_runtime::objects::{NotRuntime, ObjectMapping, load_bias, mappings_of, segments_of};
+use profiler_runtime::worker::{Handler, Worker};
 
 /// One registered CPython process.
 #[derive(Debug, Clone)]
@@ -366,4 +366,100 @@ fn read_object(object: &ObjectFile) -> Option<Result<InterpreterObject, String>>
         }),
         Err(e) => Err(e.to_string()),
     })
+}
+
+impl profiler_runtime::Registry for PythonRegistry {
+    fn register(&self, process: &Process) {
+        PythonRegistry::register(self, process);
+    }
+
+    fn unregister(&self, pid: u32) {
+        PythonRegistry::unregister(self, pid);
+    }
+
+    fn retain_objects(&self, keep: &HashSet<ObjectId>) {
+        PythonRegistry::retain_objects(self, keep);
+    }
+
+    fn refresh_threads(&self, pid: u32) {
+        self.refresh(pid);
+    }
+
+    fn flush(&self) {
+        PythonRegistry::flush(self);
+    }
+
+    fn report(&self, counts: &profiler_runtime::Counts) -> Vec<String> {
+        use profiler_common::runtimes::RuntimeCounter;
+        let p = self.stats();
+        if p.processes == 0 && p.refused.is_empty() {
+            return Vec::new();
+        }
+        let mut lines = vec![format!(
+            "Python: frames read in {} processes (layout from the interpreter's \
+             _Py_DebugOffsets for {}, from the checked version table for {}), {} threads; {} \
+             Python frames written, {} samples met a thread not yet registered, {} cut",
+            p.processes,
+            p.from_debug_offsets,
+            p.from_tables,
+            p.threads,
+            counts.runtime(RuntimeCounter::Frames),
+            counts.runtime(RuntimeCounter::ThreadUnknown),
+            counts.runtime(RuntimeCounter::Cut),
+        )];
+        lines.extend(
+            p.refused
+                .iter()
+                .map(|why| format!("no Python frames for {why}")),
+        );
+        lines
+    }
+
+    fn namer(&self) -> Option<Box<dyn profiler_runtime::FrameNamer>> {
+        Some(Box::new(PythonNamer {
+            frames: super::code::PythonFrames::default(),
+            processes: self.processes(),
+        }))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Names Python frames with what the registry read of processes.
+struct PythonNamer {
+    frames: super::code::PythonFrames,
+    processes: PythonProcesses,
+}
+
+impl profiler_runtime::FrameNamer for PythonNamer {
+    fn frames(&mut self, pid: u32, payload: u64, second: u64) -> Vec<profiler_symbolize::Frame> {
+        use profiler_common::runtimes::MARK_CUT;
+        use profiler_common::runtimes::python::PY_CUT_TOO_DEEP;
+        use profiler_symbolize::{Frame, NameSource};
+        let source = NameSource::Runtime("cpython");
+        if payload == MARK_CUT {
+            return vec![
+                Frame::named(match second {
+                    PY_CUT_TOO_DEEP => "[python: deeper frames cut]",
+                    _ => "[python: frame unreadable]",
+                })
+                .from_source(source),
+            ];
+        }
+        let process = self
+            .processes
+            .read()
+            .ok()
+            .and_then(|p| p.get(&pid).cloned());
+        vec![match process {
+            Some(process) => self.frames.frame(&process.interpreter, payload, second),
+            None => Frame::named(format!("[python] code {payload:#x}")).from_source(source),
+        }]
+    }
+
+    fn retain(&mut self, keep: &dyn Fn(u32) -> bool) {
+        self.frames.retain(keep);
+    }
 }

@@ -1,7 +1,9 @@
 //! CPython: Python frames in every stack of a Python process, interleaved
 //! with the native frames, read from outside (nothing changes in the
 //! target). The BPF side is `profiler-ebpf/src/runtimes/python.rs`, the
-//! types both sides share `profiler-common/src/runtimes/python.rs`.
+//! types both sides share `profiler-common/src/runtimes/python.rs`;
+//! [`CPYTHON`] is the runtime as the products see it
+//! (`profiler_runtime::Runtime`).
 //!
 //! - [`interpreter`]: the interpreter in an object file (`_PyRuntime`,
 //!   the eval loop and its cold part, the version), found by what it
@@ -16,8 +18,9 @@
 //!   the line being executed.
 //!
 //! [`PYTHON`] marks the eval loop in the unwind tables
-//! (`RULE_FLAG_INTERPRETER`): where the native walker meets it, the BPF
-//! walker writes the activation's Python frames in its place.
+//! (`RULE_FLAG_INTERPRETER` with the runtime's id): where the native
+//! walker meets it, it writes an activation mark, and the CPython walker
+//! writes the activation's Python frames for it.
 
 pub mod code;
 pub mod interpreter;
@@ -28,9 +31,67 @@ pub mod threads;
 
 use std::sync::Arc;
 
-use profiler_common::unwind::RULE_FLAG_INTERPRETER;
+use aya::Ebpf;
+use profiler_common::runtimes::RUNTIME_CPYTHON;
+use profiler_runtime::{Registry, Runtime, RuntimeError, Shared};
 use profiler_unwind::build::{RuntimeRows, RuntimeTable, TableSource};
 use profiler_unwind::table::{ObjectTable, TableRow};
+
+use registry::PythonRegistry;
+
+/// CPython, as the products see it.
+pub struct CPython;
+
+/// The one instance the runtime list names.
+pub static CPYTHON: CPython = CPython;
+
+impl Runtime for CPython {
+    fn name(&self) -> &'static str {
+        "cpython"
+    }
+
+    fn aliases(&self) -> &'static [&'static str] {
+        &["python"]
+    }
+
+    fn about(&self) -> &'static str {
+        "Python functions with their files and lines (CPython 3.10 to 3.14)"
+    }
+
+    fn id(&self) -> u8 {
+        RUNTIME_CPYTHON
+    }
+
+    fn maps(&self) -> &'static [&'static str] {
+        &["PY_PROCESSES", "PY_THREADS", "PY_WALK"]
+    }
+
+    fn frame_type(&self) -> &'static str {
+        "cpython"
+    }
+
+    fn unwind_rows(&self) -> Option<&'static dyn RuntimeRows> {
+        Some(&PYTHON)
+    }
+
+    fn walker(&self) -> Option<&'static str> {
+        Some("walk_cpython")
+    }
+
+    /// The eval loop is found by its rows.
+    fn needs_tables(&self) -> bool {
+        true
+    }
+
+    fn start(&self, ebpf: &mut Ebpf, _shared: &Shared) -> Result<Box<dyn Registry>, RuntimeError> {
+        let registry = PythonRegistry::spawn(
+            profiler_runtime::hash_map(ebpf, "PY_PROCESSES")?,
+            profiler_runtime::hash_map(ebpf, "PY_THREADS")?,
+        )
+        .map_err(|e| RuntimeError::Thread("python", e))?;
+        Ok(Box::new(registry))
+    }
+}
 
 /// CPython, as the table builder asks it.
 pub struct Python;
@@ -54,8 +115,10 @@ impl RuntimeRows for Python {
         let cfi = cfi?;
         let mut rows = Vec::new();
         for &(start, end) in &interpreter.eval_ranges {
-            let mut first = cfi.rule_at(start).unwrap_or_default();
-            first.flags |= RULE_FLAG_INTERPRETER;
+            let first = cfi
+                .rule_at(start)
+                .unwrap_or_default()
+                .interpreter(RUNTIME_CPYTHON);
             rows.push(TableRow {
                 address: start,
                 rule: first,
@@ -65,11 +128,9 @@ impl RuntimeRows for Python {
                 .iter()
                 .filter(|r| start < r.address && r.address < end)
             {
-                let mut rule = row.rule;
-                rule.flags |= RULE_FLAG_INTERPRETER;
                 rows.push(TableRow {
                     address: row.address,
-                    rule,
+                    rule: row.rule.interpreter(RUNTIME_CPYTHON),
                 });
             }
         }
@@ -90,7 +151,7 @@ mod tests {
     use super::code::{CodeObject, Interpreter, MAX_NAME};
     use super::layout::Layout;
     use super::threads;
-    use crate::memory::ImageMemory;
+    use profiler_runtime::memory::ImageMemory;
 
     const BASE: u64 = 0x10_0000;
 

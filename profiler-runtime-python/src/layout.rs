@@ -18,7 +18,7 @@
 
 use profiler_common::runtimes::python::{PY_LAYOUT_310, PY_LAYOUT_311, PY_LAYOUT_312, PyProcess};
 
-use crate::memory::Memory;
+use profiler_runtime::memory::Memory;
 
 /// Every offset the walker and the symbolizer read, in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use profiler_symbolize::{Frame, NameSource};
 
 use super::layout::Layout;
 use super::linetable;
-use crate::memory::{Memory, ProcessMemory};
+use profiler_runtime::memory::{Memory, ProcessMemory};
 
 /// Characters of a name or file kept (longer ones end in "…").
 pub const MAX_NAME: usize = 1024;
@@ -214,11 +214,12 @@ impl PythonFrames {
                     .line(code, &object, instruction)
                     .and_then(|l| u32::try_from(l).ok()),
                 inlined: false,
-                source: NameSource::CPython,
+                source: NameSource::Runtime("cpython"),
             },
             None => {
                 self.unreadable += 1;
-                Frame::named(format!("[python] code {code:#x}")).from_source(NameSource::CPython)
+                Frame::named(format!("[python] code {code:#x}"))
+                    .from_source(NameSource::Runtime("cpython"))
             }
         };
         self.frames.insert((pid, code, instruction), frame.clone());

@@ -14,7 +14,7 @@
 
 use std::collections::HashMap;
 
-use crate::memory::Memory;
+use profiler_runtime::memory::Memory;
 
 /// Entries read per table at most (JDK 17 to 25 have fewer than 1,000).
 pub const MAX_ENTRIES: usize = 8192;
@@ -290,7 +290,7 @@ fn name_at(memory: &impl Memory, address: u64) -> Result<String, VmStructsError>
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::memory::ImageMemory;
+    use profiler_runtime::memory::ImageMemory;
 
     /// A process image with VMStructs tables of the given fields, types
     /// and constants, laid out as JDK 17 to 25 lay them out; returns the

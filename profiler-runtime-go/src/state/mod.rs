@@ -29,8 +29,8 @@ use std::sync::Arc;
 use object::{Object, ObjectSegment};
 
 use super::pclntab::GoSymbols;
-use crate::memory::{Memory, ProcessMemory};
 use globals::{Global, Globals};
+use profiler_runtime::memory::{Memory, ProcessMemory};
 
 /// Largest executable mapped (as for every file the agent maps).
 const MAX_EXECUTABLE_BYTES: u64 = 8 << 30;

@@ -21,7 +21,7 @@ use profiler_symbolize::{Frame, NameSource};
 
 use super::layout::{DebugInfo, JvmLayout};
 use super::stream::{self, Encoding, Stream};
-use crate::memory::Memory;
+use profiler_runtime::memory::Memory;
 
 /// Inlined methods followed per PC (C2 inlines at most 15 deep).
 const MAX_SCOPES: usize = 32;
@@ -80,7 +80,7 @@ impl MethodInfo {
             file: self.file(),
             line: bci.and_then(|bci| stream::line_of(&self.lines, bci)),
             inlined,
-            source: NameSource::Jvm,
+            source: NameSource::Runtime("jvm"),
         }
     }
 }
@@ -227,7 +227,7 @@ impl JvmCode {
 }
 
 fn unnamed(text: &str) -> Frame {
-    Frame::named(text.to_string()).from_source(NameSource::Jvm)
+    Frame::named(text.to_string()).from_source(NameSource::Runtime("jvm"))
 }
 
 /// Reads a method's names and line table from its `ConstMethod`.

@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::layout::Layout;
-use crate::memory::Memory;
+use profiler_runtime::memory::Memory;
 
 /// Interpreters followed per process (subinterpreters are rare).
 const MAX_INTERPRETERS: usize = 16;

@@ -22,51 +22,18 @@
 //!   it took at least `trace_min_ns`.
 //!
 //! - With stacks on (`latency --stacks`), each start (or counted hit) also
-//!   walks the user stack with the sampling program's walker and unwind
-//!   tables (`unwind`, shared source; the tables are this object's own,
-//!   loaded by user space for the probed processes) and each end adds the
-//!   operation to its start's stack in `STACK_TOTALS`.
+//!   walks the user stack with the walk's chain (`chain::PROBE`: the same
+//!   native and runtime walkers as CPU samples, and the unwind tables user
+//!   space loaded for the probed processes), and `finish_probe`, the
+//!   chain's last program, stores it; each end adds the operation to its
+//!   start's stack in `STACK_TOTALS`.
 //!
 //! Every perf event carries a BPF cookie: the index of its site in
 //! `SITES`, where user space wrote how to read that site's key argument
 //! (each USDT site has its own argument locations). Errors are counted in
 //! `LATENCY_COUNTERS`, never logged: aya-log costs hundreds of
 //! instructions per call.
-#![no_std]
-#![no_main]
-
 mod args;
-// The sampling object's register reader and stack walker, compiled into
-// this object too (with its own unwind-table maps).
-#[path = "../machine.rs"]
-#[allow(dead_code)]
-mod machine;
-#[path = "../unwind.rs"]
-#[allow(dead_code)]
-mod unwind;
-// The walker's steps through Go's stack switches (not its label reader)
-// and its CPython walker (with its maps, sized down to one entry: no
-// Python process is registered with this object), where the walker looks
-// for them.
-#[path = "../runtimes/go/stacks.rs"]
-mod go_stacks;
-#[path = "../runtimes/python.rs"]
-mod python_walker;
-// Likewise its HotSpot walker: no JVM is registered with this object, so
-// its Java frames stay out (native frames as before).
-#[path = "../runtimes/hotspot.rs"]
-mod hotspot_walker;
-mod runtimes {
-    pub mod go {
-        pub(crate) use crate::go_stacks as stacks;
-    }
-    pub(crate) use crate::hotspot_walker as hotspot;
-    pub(crate) use crate::python_walker as python;
-}
-#[path = "../walk.rs"]
-mod walk;
-#[path = "../words.rs"]
-mod words;
 
 use aya_ebpf::{
     EbpfContext,
@@ -80,6 +47,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::ProbeContext,
 };
+use profiler_common::Counter;
 use profiler_common::latency::{
     FILTER_EQ, FILTER_GE, FILTER_GT, FILTER_LE, FILTER_LT, FILTER_NE, FILTER_NONE, HIST_SLOTS,
     HistKey, HistValue, KEY_ARG, KEY_COMM, KEY_NONE, KEY_PID, KEY_STRING_ARG,
@@ -88,7 +56,11 @@ use profiler_common::latency::{
     PendingStarts, ProbeStack, SiteConfig, StackId, StackTotals, StartKey, StartValue, TRACE_SLOTS,
     TRACE_TEXT_LEN, TraceEvent,
 };
-use profiler_common::{Counter, Sample};
+use profiler_common::runtimes::CHAIN_NATIVE;
+use profiler_common::unwind::UserStackEnd;
+
+use crate::chain::{self, PROBE};
+use crate::{bump, machine, walk, words};
 
 /// Set by the loader (`profiler_common::latency::GLOBAL_LATENCY_CONFIG`).
 /// A read-only global: the verifier sees its fields as constants and drops
@@ -159,9 +131,23 @@ static TRACE_RATE: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
 
 const EEXIST: i32 = 17;
 
-/// Where the walker writes a start's frames.
+/// What a hit that walks its stack leaves for `finish_probe`: whose start
+/// it was, or that it was a counted hit. Per CPU (the chain runs on the
+/// hit's CPU).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ProbeWalk {
+    key: StartKey,
+    /// `WALK_START` or `WALK_COUNT`.
+    kind: u32,
+    _pad: u32,
+}
+
+const WALK_START: u32 = 1;
+const WALK_COUNT: u32 = 2;
+
 #[map]
-static STACK_SCRATCH: PerCpuArray<Sample> = PerCpuArray::with_max_entries(1, 0);
+static PROBE_WALK: PerCpuArray<ProbeWalk> = PerCpuArray::with_max_entries(1, 0);
 
 /// Where a new stack is assembled before it is stored.
 #[map]
@@ -176,18 +162,6 @@ static STACKS: HashMap<StackId, ProbeStack> =
 #[map]
 static STACK_TOTALS: PerCpuHashMap<StackId, StackTotals> =
     PerCpuHashMap::with_max_entries(MAX_PROBE_STACKS, BPF_F_NO_PREALLOC);
-
-/// The walker's counters (`profiler_common::Counter`): a probe only cares
-/// whether its stack was cut.
-#[inline(always)]
-pub(crate) fn bump(counter: Counter) {
-    if matches!(
-        counter,
-        Counter::UserStackFailed | Counter::UserStackTruncated
-    ) {
-        count(LatencyCounter::StackCut);
-    }
-}
 
 #[uprobe]
 pub fn latency_start(ctx: ProbeContext) -> u32 {
@@ -360,14 +334,63 @@ fn on_start(ctx: &ProbeContext) {
         }
         let top = &mut (*pending).top;
         histogram_key(ctx, config, key.tgid, &mut top.key);
-        top.stack = if config.stacks != 0 {
-            record_stack(key.tgid)
-        } else {
-            0
-        };
+        top.stack = 0;
+        if config.stacks != 0 {
+            // The stack's walk; `finish_probe` sets the start's time.
+            walk_stack(ctx, key, WALK_START);
+        }
         // Last, so the time spent reading arguments is not measured.
         top.time_ns = bpf_ktime_get_ns();
     }
+}
+
+/// Starts the walk of the current thread's user stack (the chain, ending
+/// in `finish_probe`), after which `kind` of hit `key` is completed there.
+/// Returns only when there is no walk.
+#[inline(always)]
+fn walk_stack(ctx: &ProbeContext, key: StartKey, kind: u32) {
+    let (Some(walk_of), Some(state)) = (PROBE_WALK.get_ptr_mut(0), walk::state(PROBE)) else {
+        return;
+    };
+    // SAFETY: this CPU's values, ours for the chain's run.
+    unsafe {
+        (*walk_of).key = key;
+        (*walk_of).kind = kind;
+        let regs = machine::saved_user().regs;
+        let state = &mut *state;
+        // At a probe: the task is at the probed instruction, not in a call.
+        if walk::begin(state, key.tgid, &regs, false, 0) {
+            chain::call::<_, PROBE>(ctx, state, CHAIN_NATIVE);
+            bump(Counter::ChainMissing);
+        }
+    }
+}
+
+/// The chain's last program at a probe hit: the walked stack stored, and
+/// the hit completed (a start's stack and time, a counted hit's stack).
+#[uprobe]
+pub fn finish_probe(_ctx: ProbeContext) -> u32 {
+    let (Some(walk_of), Some(state)) = (PROBE_WALK.get(0), walk::state(PROBE)) else {
+        return 0;
+    };
+    let walk_of = *walk_of;
+    // SAFETY: this CPU's walk state, ours for the chain's run.
+    let hash = store_stack(walk_of.key.tgid, unsafe { &*state });
+    match walk_of.kind {
+        WALK_START => {
+            if let Some(pending) = THREADS.get_ptr_mut(&walk_of.key) {
+                // SAFETY: the thread's own entry, as in on_start.
+                unsafe {
+                    (*pending).top.stack = hash;
+                    // Last, so the walk is not measured.
+                    (*pending).top.time_ns = bpf_ktime_get_ns();
+                }
+            }
+        }
+        WALK_COUNT if hash != 0 => add_to_stack(walk_of.key.tgid, hash, 0),
+        _ => {}
+    }
+    0
 }
 
 /// The thread's entry in `THREADS`, created empty on its first start.
@@ -454,21 +477,22 @@ fn record_end(config: &LatencyConfig, tgid: u32, start: &StartValue, now: u64) {
     }
 }
 
-/// Walks the current thread's user stack, stores its frames when the
-/// stack is new, and returns its hash (0: nothing walked, or no room).
+/// Stores the walked stack's frames when the stack is new, and returns
+/// its hash (0: nothing walked, or no room).
 #[inline(always)]
-fn record_stack(tgid: u32) -> u64 {
-    let Some(sample) = STACK_SCRATCH.get_ptr_mut(0) else {
+fn store_stack(tgid: u32, state: &walk::WalkState) -> u64 {
+    let Some(sample) = crate::scratch(PROBE) else {
         return 0;
     };
-    let regs = machine::saved_user().regs;
-    // At a probe: the task is at the probed instruction, not in a call.
-    let walk = unwind::walk_user_stack(unwind::WALK_SAMPLING, tgid, &regs, false, sample, 0);
-    let frames = (walk.frames as usize).min(MAX_PROBE_STACK_FRAMES);
+    let end = walk::end_of(state);
+    if matches!(end, UserStackEnd::ReadFault | UserStackEnd::Truncated) {
+        count(LatencyCounter::StackCut);
+    }
+    let frames = (state.frames as usize).min(MAX_PROBE_STACK_FRAMES);
     if frames == 0 {
         return 0;
     }
-    if walk.frames as usize > MAX_PROBE_STACK_FRAMES {
+    if state.frames as usize > MAX_PROBE_STACK_FRAMES {
         count(LatencyCounter::StackCut);
     }
     // FNV-1a over the frames kept, then their number.
@@ -499,7 +523,7 @@ fn record_stack(tgid: u32) -> u64 {
     // frame array of both (`frames` <= MAX_PROBE_STACK_FRAMES).
     unsafe {
         (*value).len = frames as u32;
-        (*value).end = walk.end as u32;
+        (*value).end = end as u32;
         let bytes = (frames * 8) as u32;
         if bytes > (MAX_PROBE_STACK_FRAMES * 8) as u32
             || bpf_probe_read_kernel(
@@ -569,15 +593,17 @@ fn on_count(ctx: &ProbeContext) {
     // SAFETY: this CPU's scratch key; programs do not nest on one CPU.
     let key = unsafe { &mut *key };
     histogram_key(ctx, config, tgid, key);
-    if config.stacks != 0 {
-        let stack = record_stack(tgid);
-        if stack != 0 {
-            add_to_stack(tgid, stack, 0);
-        }
-    }
     if let Some(histogram) = histogram_of(key) {
         // SAFETY: as in on_end.
         unsafe { (*histogram).count += 1 };
+    }
+    if config.stacks != 0 {
+        let start = StartKey {
+            tgid,
+            depth: 0,
+            id: pid_tgid,
+        };
+        walk_stack(ctx, start, WALK_COUNT);
     }
 }
 
@@ -799,13 +825,3 @@ fn bucket(value: u64, config: &LatencyConfig) -> usize {
         }
     }
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
