@@ -220,21 +220,14 @@ mod tests {
 
     #[test]
     fn runtime_frames_take_two_words_and_make_the_next_native_frame_a_caller() {
-        const PY_FRAME_TAG: u64 = profiler_common::runtimes::runtime_tag(1);
-        let words = [
-            PY_FRAME_TAG | 0x7000,
-            0x7100,
-            0x2005,
-            PY_FRAME_TAG | 0x8000,
-            0x8100,
-            0x3010,
-        ];
+        const TAG: u64 = profiler_common::runtimes::runtime_tag(1);
+        let words = [TAG | 0x7000, 0x7100, 0x2005, TAG | 0x8000, 0x8100, 0x3010];
         let frames: Vec<_> = user_frames(&words).collect();
         assert_eq!(frames.len(), 4);
         assert_eq!(
             frames[0],
             UserFrame::Runtime {
-                first: PY_FRAME_TAG | 0x7000,
+                first: TAG | 0x7000,
                 second: 0x7100
             }
         );

@@ -309,7 +309,7 @@ fn continuous_windows_keep_the_allowed_labels() {
     let config = dir.path().join("agent.toml");
     std::fs::write(
         &config,
-        "[go_labels]\nenabled = true\nkeys = [\"endpoint\"]\ngoroutine = true\n",
+        "[go_labels]\nkeys = [\"endpoint\"]\ngoroutine = true\n",
     )
     .unwrap();
     let out = dir.path().join("out");

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use profiler_tests::go_state::{by_leaf, dump_by_goroutine};
+use profiler_tests::go_state::{by_leaf, dump_by_goroutine, nonzero};
 use profiler_tests::pprof_raw::RawProfile;
 use profiler_tests::{agent::*, go::*, http::*, processes::*};
 
@@ -208,7 +208,8 @@ fn heap_profile_matches_the_programs_own() {
                 "{label}: allocation sites missing from ours: {a:?}\n{report}"
             );
             assert_eq!(
-                a, b,
+                nonzero(a),
+                nonzero(b),
                 "{label}: {} by function, ours then the program's",
                 theirs.sample_types[index]
             );

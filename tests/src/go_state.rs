@@ -21,6 +21,14 @@ pub fn by_leaf(profile: &RawProfile, index: usize) -> BTreeMap<String, i64> {
     sums
 }
 
+/// `by_leaf` without the sites that count nothing: a record that holds
+/// nothing yet (its bucket made after the program wrote its own profile,
+/// its counts not yet published by a collection) shows in no view.
+pub fn nonzero(mut sums: BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+    sums.retain(|_, sum| *sum != 0);
+    sums
+}
+
 /// A `debug=2` dump as goroutine id → its text, with each frame's
 /// arguments (run-specific values that we do not read) reduced to
 /// `(...)`.

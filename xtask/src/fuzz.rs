@@ -80,7 +80,7 @@ fn ensure_cargo_fuzz() -> anyhow::Result<()> {
         return Ok(());
     }
     run(Command::new("cargo").args(["+nightly", "install", "cargo-fuzz", "--locked"]))
-        .context("installing cargo-fuzz from crates.io")
+        .context("installing cargo-fuzz from the crate registry")
 }
 
 /// Seeds each target's corpus with real inputs: the agent binary and a C

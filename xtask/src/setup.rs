@@ -1,7 +1,8 @@
 //! Idempotent setup: checks each requirement and installs only what is
 //! missing, so a second run costs well under a second.
 //!
-//! Sources: Debian packages (apt), rustup components, and crates.io
+//! Sources: Debian packages (apt, from the machine's own mirror), rustup
+//! components, and the crate registry
 //! (`cargo install bpf-linker`), the registries this kind of machine reaches.
 
 use std::process::Command;
@@ -199,6 +200,67 @@ fn ensure_jdk_root() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The Debian mirror this machine's apt uses (its main archive, not the
+/// security one): the `URIs:` of `/etc/apt/sources.list.d/*.sources`, or a
+/// `deb` line of `/etc/apt/sources.list`. Other suites come from the same
+/// mirror, so setup works behind whatever mirror the machine is given.
+pub fn debian_mirror() -> anyhow::Result<String> {
+    let mut texts = Vec::new();
+    if let Ok(dir) = std::fs::read_dir("/etc/apt/sources.list.d") {
+        let mut paths: Vec<_> = dir.filter_map(|e| Some(e.ok()?.path())).collect();
+        paths.sort();
+        for path in paths {
+            if path
+                .extension()
+                .is_some_and(|e| e == "sources" || e == "list")
+            {
+                texts.push(std::fs::read_to_string(&path).unwrap_or_default());
+            }
+        }
+    }
+    texts.push(std::fs::read_to_string("/etc/apt/sources.list").unwrap_or_default());
+    mirror_of(&texts).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no Debian mirror in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list \
+             (a `URIs:` or `deb` line naming .../debian)"
+        )
+    })
+}
+
+/// The first Debian archive URI in apt source files (deb822 `URIs:` or
+/// one-line `deb` entries), ending in `/debian`.
+fn mirror_of(texts: &[String]) -> Option<String> {
+    let is_archive = |uri: &str| {
+        let uri = uri.trim_end_matches('/');
+        (uri.starts_with("http://") || uri.starts_with("https://") || uri.starts_with("file:"))
+            && uri.ends_with("/debian")
+    };
+    for text in texts {
+        for line in text.lines() {
+            let line = line.trim();
+            if line.starts_with('#') {
+                continue;
+            }
+            let uris: Vec<&str> = if let Some(rest) = line.strip_prefix("URIs:") {
+                rest.split_whitespace().collect()
+            } else if let Some(rest) = line.strip_prefix("deb ") {
+                // `deb [options] URI suite components`
+                let rest = match rest.trim_start().strip_prefix('[') {
+                    Some(options) => options.split_once(']').map_or("", |(_, r)| r),
+                    None => rest,
+                };
+                rest.split_whitespace().take(1).collect()
+            } else {
+                Vec::new()
+            };
+            if let Some(uri) = uris.into_iter().find(|u| is_archive(u)) {
+                return Some(uri.trim_end_matches('/').to_string());
+            }
+        }
+    }
+    None
+}
+
 /// Downloads `packages` of Debian `suite` (apt working from a state
 /// directory of its own under `dir`, naming only that suite: nothing is
 /// installed on the host) and unpacks them into `dir/root`, with the
@@ -215,11 +277,12 @@ fn unpack_suite(
     let apt_dir = dir.join("apt");
     std::fs::create_dir_all(apt_dir.join("lists/partial"))?;
     std::fs::create_dir_all(apt_dir.join("cache/archives/partial"))?;
+    let mirror = debian_mirror()?;
     std::fs::write(
         apt_dir.join("sources.list"),
         format!(
             "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
-             http://deb.debian.org/debian {suite} main\n"
+             {mirror} {suite} main\n"
         ),
     )?;
     let options = [
@@ -568,4 +631,26 @@ fn is_installed(package: &str) -> bool {
 
 fn is_root() -> bool {
     output(Command::new("id").arg("-u")).is_some_and(|uid| uid.trim() == "0")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mirror_of;
+
+    #[test]
+    fn the_mirror_comes_from_the_machines_apt_sources() {
+        let deb822 = "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n\n\
+                      Types: deb\nURIs: http://mirror.example/debian-security\n";
+        assert_eq!(
+            mirror_of(&[deb822.into()]).as_deref(),
+            Some("http://mirror.example/debian")
+        );
+        let list = "# deb http://old.example/debian bookworm main\n\
+                    deb [signed-by=/k.gpg] https://other.example/debian/ bookworm main\n";
+        assert_eq!(
+            mirror_of(&["".into(), list.into()]).as_deref(),
+            Some("https://other.example/debian")
+        );
+        assert_eq!(mirror_of(&["deb http://x/ubuntu jammy main".into()]), None);
+    }
 }

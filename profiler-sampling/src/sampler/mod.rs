@@ -197,6 +197,22 @@ impl Sampler {
         let mut ebpf = loader
             .load(profiler_bpf::OBJECT)
             .map_err(SamplingError::load)?;
+        // The walkers first: a program is loaded with the descriptors of
+        // the maps it uses, which must still be open (the unwind arrays,
+        // without tables, are dropped below).
+        let walkers = profiler_runtimes::walkers(&config.runtimes, config.unwind_tables);
+        let mut chains = vec![
+            profiler_bpf::chain::fill(&mut ebpf, Context::Cpu, &walkers, None)
+                .map_err(SamplingError::Chain)?,
+        ];
+        if off_cpu.is_some() {
+            let btf = aya::Btf::from_sys_fs()
+                .map_err(|e| SamplingError::OffCpuBtf(profiler_bpf::loading::error_chain(&e)))?;
+            chains.push(
+                profiler_bpf::chain::fill(&mut ebpf, Context::Sched, &walkers, Some(&btf))
+                    .map_err(SamplingError::Chain)?,
+            );
+        }
 
         if !config.pids.is_empty() {
             let mut pid_filter: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(
@@ -214,19 +230,7 @@ impl Sampler {
         let arrays = UnwindArrays::take(&mut ebpf)?;
         let runtimes = profiler_runtimes::start(&mut ebpf, &config.runtimes, config.unwind_tables)
             .map_err(SamplingError::Runtimes)?;
-        let walkers = profiler_runtimes::walkers(&config.runtimes, config.unwind_tables);
-        let mut chains = vec![
-            profiler_bpf::chain::fill(&mut ebpf, Context::Cpu, &walkers, None)
-                .map_err(SamplingError::Chain)?,
-        ];
-        if off_cpu.is_some() {
-            let btf = aya::Btf::from_sys_fs()
-                .map_err(|e| SamplingError::OffCpuBtf(profiler_bpf::loading::error_chain(&e)))?;
-            chains.push(
-                profiler_bpf::chain::fill(&mut ebpf, Context::Sched, &walkers, Some(&btf))
-                    .map_err(SamplingError::Chain)?,
-            );
-        }
+
         let tables = UnwindTables::spawn(TableStore::new(
             arrays,
             profiler_common::unwind::MAX_UNWIND_PROCESSES,
