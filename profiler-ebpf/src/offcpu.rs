@@ -28,9 +28,9 @@ use profiler_common::offcpu::{
 };
 use profiler_common::runtimes::CHAIN_NATIVE;
 use profiler_common::{
-    Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, MAX_USER_WORDS, SAMPLE_FLAG_GO_LABELS,
-    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING,
-    SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_OFF_CPU_STACK, Sample, runtimes::go::GoLabels,
+    Counter, MAX_STACK_DEPTH, MAX_USER_WORDS, SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_IN_KERNEL,
+    SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_OFF_CPU,
+    SAMPLE_KIND_OFF_CPU_STACK, Sample, runtimes::go::GoLabels,
 };
 
 use crate::chain::{self, SCHED};
@@ -233,7 +233,11 @@ unsafe fn user_stack(
     record: *mut Sample,
     state: &walk::WalkState,
 ) -> u32 {
-    let frames = state.frames;
+    // One bound for every use below: the helpers clamp to the same one,
+    // which the compiler folds into this. With two different bounds (the
+    // sample's size and this), arm64's 6.1 verifier followed a path where
+    // the two clamps contradicted each other and refused the program.
+    let frames = state.frames.min(MAX_USER_WORDS as u32);
     if frames == 0 {
         return 0;
     }
@@ -466,7 +470,7 @@ unsafe fn append_go_labels(record: *mut Sample, pid: u32, g: u64, frames: u32) {
     if !runtimes::go::labels::enabled() {
         return;
     }
-    let frames = (frames as usize).min(MAX_SAMPLE_FRAMES);
+    let frames = (frames as usize).min(MAX_USER_WORDS);
     // SAFETY: the caller's promise; the block fits in the sample's `tail`
     // after any number of frames, and the record is this context's own.
     unsafe {
@@ -489,7 +493,8 @@ unsafe fn append_go_labels(record: *mut Sample, pid: u32, g: u64, frames: u32) {
 /// `record` must point to a readable `Sample`.
 #[inline(always)]
 unsafe fn emit(record: *const Sample, frames: u32) -> bool {
-    let frames = (frames as usize).min(MAX_SAMPLE_FRAMES);
+    // A stack record's user frames, or an interval's kernel frames.
+    let frames = (frames as usize).min(MAX_USER_WORDS);
     let mut len = Sample::record_len(frames);
     // SAFETY: the caller's promise; the labels block lies within the
     // sample's `tail` after any number of frames.

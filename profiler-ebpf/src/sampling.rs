@@ -15,9 +15,9 @@ use aya_ebpf::{
 use profiler_common::runtimes::{CHAIN_FINISH, CHAIN_NATIVE};
 use profiler_common::unwind::UserStackEnd;
 use profiler_common::{
-    Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_IN_KERNEL,
-    SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_CPU, Sample,
-    runtimes::go::GoLabels,
+    Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, MAX_USER_WORDS, SAMPLE_FLAG_GO_LABELS,
+    SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING,
+    SAMPLE_KIND_CPU, Sample, runtimes::go::GoLabels,
 };
 
 use crate::chain::{self, CPU};
@@ -129,7 +129,9 @@ fn finish(_ctx: &PerfEventContext) {
     unsafe {
         let state = &*state;
         let kernel_frames = (*sample).kernel_frames as u32;
-        let user_frames = state.frames;
+        // Bounded once (see offcpu's `user_stack`): the walkers never write
+        // more.
+        let user_frames = state.frames.min(MAX_USER_WORDS as u32);
         let end = walk::end_of(state);
         if end == UserStackEnd::Truncated {
             bump(Counter::UserStackTruncated);

@@ -448,8 +448,11 @@ pub(crate) fn end_of(state: &WalkState) -> UserStackEnd {
 pub(crate) fn region_of(state: &mut WalkState, pc: u64) -> u8 {
     if state.regions_state == REGIONS_UNREAD {
         state.regions_state = REGIONS_NONE;
+        // The key on this program's stack: called from a global function,
+        // `state` is memory the 6.1 verifier does not take a key from.
+        let pid = unsafe { core::ptr::read_volatile(&state.pid) };
         // SAFETY: the value is copied out of the map.
-        if let Some(regions) = unsafe { RUNTIME_REGIONS.get(&state.pid) } {
+        if let Some(regions) = unsafe { RUNTIME_REGIONS.get(&pid) } {
             words::copy(&mut state.regions, regions);
             state.regions_state = REGIONS_READ;
         }
