@@ -7,6 +7,7 @@
 //!   CPU-clock sampler, the off-CPU tracepoints, the probes' programs and
 //!   the chain of stack walkers they share; each product loads the
 //!   programs it uses ([`chain`] fills the walkers' program arrays);
+//! - [`maps`]: the object's maps as typed handles;
 //! - [`loading`]: the memlock limit and aya's errors in one line;
 //! - [`btf`]: field offsets of the running kernel's structs;
 //! - [`stack_budget`]: each program's stack as the verifier adds it up.
@@ -14,6 +15,7 @@
 pub mod btf;
 pub mod chain;
 pub mod loading;
+pub mod maps;
 pub mod stack_budget;
 
 /// The BPF object: every program and map.

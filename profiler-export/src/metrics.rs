@@ -6,6 +6,7 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+use profiler_common::runtimes::{RUNTIME_COUNTER_SLOTS, RuntimeCounter};
 use profiler_common::{COUNTER_SLOTS, Counter};
 
 /// Upper bounds (seconds) of the export latency histogram.
@@ -24,6 +25,10 @@ pub struct Metrics {
     /// The BPF programs' counters, by `profiler_common::Counter` slot: each
     /// row of that table is a metric here.
     pub kernel: [AtomicU64; COUNTER_SLOTS as usize],
+    /// The runtimes' walkers' counters, by `RuntimeCounter::slot`.
+    pub runtime: [AtomicU64; RUNTIME_COUNTER_SLOTS as usize],
+    /// The started runtimes' ids and names (the `runtime` label).
+    runtime_names: Mutex<Vec<(u8, &'static str)>>,
     /// Samples read from the ring buffer, then dropped because the agent
     /// fell too far behind.
     pub samples_queue_dropped: AtomicU64,
@@ -146,8 +151,27 @@ impl Metrics {
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        self.render_scalars(&mut out);
+        self.render_families(&mut out);
+        self.render_runtimes(&mut out);
+        self.render_gauges(&mut out);
+        self.render_exporters(&mut out);
+        out.push_str(&self.probe_text.lock().unwrap_or_else(|e| e.into_inner()));
+        out
+    }
+
+    /// The started runtimes, for the `runtime` label of their counters.
+    pub fn set_runtime_names(&self, names: &[(u8, &'static str)]) {
+        let mut known = self.runtime_names.lock().unwrap_or_else(|e| e.into_inner());
+        if known.as_slice() != names {
+            *known = names.to_vec();
+        }
+    }
+
+    /// The user-space counters and gauges without labels.
+    fn scalars(&self) -> Vec<(&'static str, &'static str, u64)> {
         let l = |a: &AtomicU64| a.load(Relaxed);
-        let counters: Vec<(&str, &str, u64)> = vec![
+        vec![
             (
                 "profiler_agent_samples_queue_dropped_total",
                 "Samples read from the ring buffer but dropped because aggregation fell behind.",
@@ -323,11 +347,19 @@ impl Metrics {
                 "Failed pod lists and watches (each followed by a backoff).",
                 l(&self.kubernetes_watch_errors),
             ),
-        ];
-        let kernel = Counter::ALL
-            .iter()
-            .map(|&c| (c.metric(), c.help().trim(), l(&self.kernel[c as usize])));
-        for (name, help, value) in kernel.chain(counters) {
+        ]
+    }
+
+    /// The kernel's counters and the user-space scalars, one metric each.
+    fn render_scalars(&self, out: &mut String) {
+        let kernel = Counter::ALL.iter().map(|&c| {
+            (
+                c.metric(),
+                c.help().trim(),
+                self.kernel[c as usize].load(Relaxed),
+            )
+        });
+        for (name, help, value) in kernel.chain(self.scalars()) {
             let kind = if name.ends_with("_total") {
                 "counter"
             } else {
@@ -338,6 +370,12 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
             );
         }
+    }
+
+    /// Metrics with a label: stack ends, objects without tables, off-CPU
+    /// intervals, debuginfod lookups, off-CPU time.
+    fn render_families(&self, out: &mut String) {
+        let l = |a: &AtomicU64| a.load(Relaxed);
         let _ = writeln!(
             out,
             "# HELP profiler_agent_user_stacks_total Samples by how their user stack walk ended: \
@@ -416,6 +454,11 @@ impl Metrics {
             l(&self.off_cpu_blocked_ns) as f64 / 1e9,
             l(&self.off_cpu_runqueue_ns) as f64 / 1e9,
         );
+    }
+
+    /// The agent's own gauges: memory, build time, readiness.
+    fn render_gauges(&self, out: &mut String) {
+        let l = |a: &AtomicU64| a.load(Relaxed);
         let _ = writeln!(
             out,
             "# HELP profiler_agent_resident_memory_bytes Resident set size of the agent.\n\
@@ -437,9 +480,38 @@ impl Metrics {
              # TYPE profiler_agent_ready gauge\nprofiler_agent_ready {}",
             u8::from(self.ready.load(Relaxed))
         );
-        self.render_exporters(&mut out);
-        out.push_str(&self.probe_text.lock().unwrap_or_else(|e| e.into_inner()));
-        out
+    }
+
+    /// Each runtime walker's counters, labelled by runtime.
+    fn render_runtimes(&self, out: &mut String) {
+        let names = self
+            .runtime_names
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for counter in RuntimeCounter::ALL {
+            let name = format!("profiler_agent_kernel_runtime_{}_total", counter.name());
+            let help = match counter {
+                RuntimeCounter::Frames => "Frames the runtimes' walkers wrote into stacks.",
+                RuntimeCounter::Cut => {
+                    "Samples whose runtime frames were cut (unreadable, unfollowable or too deep)."
+                }
+                RuntimeCounter::ThreadUnknown => {
+                    "Samples that met a runtime's thread not registered yet (its frames stayed native)."
+                }
+                RuntimeCounter::Fallback => {
+                    "Frames in a runtime's code where it found none of its own, walked by frame pointer."
+                }
+            };
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for &(id, runtime) in &names {
+                let value = self
+                    .runtime
+                    .get(counter.slot(id) as usize)
+                    .map_or(0, |v| v.load(Relaxed));
+                let _ = writeln!(out, "{name}{{runtime=\"{runtime}\"}} {value}");
+            }
+        }
     }
 
     fn render_exporters(&self, out: &mut String) {

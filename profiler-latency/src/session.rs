@@ -5,19 +5,22 @@
 use std::collections::HashMap;
 use std::os::fd::AsFd;
 
-use aya::maps::{Array, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::programs::UProbe;
 use aya::{Ebpf, EbpfLoader};
 use profiler_common::latency::{
     GLOBAL_LATENCY_CONFIG, HIST_SLOTS, HistKey, HistValue, LatencyCounter, TraceEvent,
 };
 
-/// The ring buffer of traced hits.
-const TRACE_EVENTS: &str = "TRACE_EVENTS";
-
 use super::errors::SessionError;
 use super::plan::{Plan, Role};
 use profiler_bpf::loading::{error_chain, raise_memlock_limit};
+use profiler_bpf::maps;
+
+/// A map's error in the session's words.
+fn map_error(e: maps::MapTakeError) -> SessionError {
+    SessionError::Map("map", e.to_string())
+}
 use profiler_probes::attach::{AttachedUprobe, UprobePmu, attach_uprobe};
 
 /// The stack walker's arrays and the stack maps: sized down to one
@@ -161,6 +164,8 @@ pub struct Session {
     histograms: PerCpuHashMap<MapData, HistKey, HistValue>,
     counters: PerCpuArray<MapData, u64>,
     ebpf: Ebpf,
+    /// Where each site's arguments are (kept open while the programs run).
+    _sites: aya::maps::Array<MapData, profiler_common::latency::SiteConfig>,
     /// Keeps the kernel's BPF run-time statistics on (for the programs'
     /// cost per hit); None when the kernel refused.
     stats: Option<std::os::fd::OwnedFd>,
@@ -196,10 +201,10 @@ impl Session {
             // kernels).
             // SAFETY: sysconf reads a constant of the system.
             let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-            loader.map_max_entries(TRACE_EVENTS, u32::try_from(page).unwrap_or(4096).max(4096));
+            maps::TRACE_EVENTS.size(&mut loader, u32::try_from(page).unwrap_or(4096).max(4096));
         }
         if !plan.trace_pairs {
-            loader.map_max_entries("TRACE_STARTS", 1);
+            loader.map_max_entries(maps::TRACE_STARTS, 1);
         }
         let row_blocks = (super::stacks::PROBE_UNWIND_TABLE_BYTES
             / (profiler_common::unwind::UNWIND_ROWS_PER_BLOCK as u64 * 4))
@@ -215,12 +220,12 @@ impl Session {
                 loader.map_max_entries(name, 1);
             }
         } else {
-            loader.map_max_entries("UNWIND_ROWS", row_blocks);
+            loader.map_max_entries(maps::UNWIND_ROWS, row_blocks);
         }
         for name in SAMPLING_MAPS {
             loader.map_max_entries(name, 1);
         }
-        loader.map_max_entries("SAMPLES", profiler_bpf::loading::page_size());
+        maps::SAMPLES.size(&mut loader, profiler_bpf::loading::page_size());
         // The probes' walkers read every runtime with a walker; Go's labels
         // are the CPU samples'.
         let selection = profiler_runtimes::walker_runtimes();
@@ -230,17 +235,13 @@ impl Session {
             .load(profiler_bpf::OBJECT)
             .map_err(|e| SessionError::Load(error_chain(&e)))?;
 
-        {
-            let mut sites: Array<_, profiler_common::latency::SiteConfig> = Array::try_from(
-                ebpf.map_mut("SITES")
-                    .ok_or_else(|| SessionError::Map("SITES", "missing".into()))?,
-            )
-            .map_err(|e| SessionError::Map("SITES", e.to_string()))?;
-            for (index, site) in plan.sites.iter().enumerate() {
-                sites
-                    .set(index as u32, site.site, 0)
-                    .map_err(|e| SessionError::Map("SITES", e.to_string()))?;
-            }
+        // Kept open while the programs load (they are relocated with its
+        // descriptor) and run.
+        let mut sites = maps::SITES.take(&mut ebpf).map_err(map_error)?;
+        for (index, site) in plan.sites.iter().enumerate() {
+            sites
+                .set(index as u32, site.site, 0)
+                .map_err(|e| SessionError::Map("SITES", e.to_string()))?;
         }
 
         for role in Role::ALL {
@@ -265,24 +266,10 @@ impl Session {
         };
         let attached = attach_sites(&mut ebpf, plan, &pmu)?;
 
-        let histograms = PerCpuHashMap::try_from(
-            ebpf.take_map("HISTOGRAMS")
-                .ok_or_else(|| SessionError::Map("HISTOGRAMS", "missing".into()))?,
-        )
-        .map_err(|e| SessionError::Map("HISTOGRAMS", e.to_string()))?;
-        let counters = PerCpuArray::try_from(
-            ebpf.take_map("LATENCY_COUNTERS")
-                .ok_or_else(|| SessionError::Map("LATENCY_COUNTERS", "missing".into()))?,
-        )
-        .map_err(|e| SessionError::Map("LATENCY_COUNTERS", e.to_string()))?;
+        let histograms = maps::HISTOGRAMS.take(&mut ebpf).map_err(map_error)?;
+        let counters = maps::LATENCY_COUNTERS.take(&mut ebpf).map_err(map_error)?;
         let trace = if plan.tracing {
-            Some(
-                RingBuf::try_from(
-                    ebpf.take_map(TRACE_EVENTS)
-                        .ok_or_else(|| SessionError::Map(TRACE_EVENTS, "missing".into()))?,
-                )
-                .map_err(|e| SessionError::Map(TRACE_EVENTS, e.to_string()))?,
-            )
+            Some(maps::TRACE_EVENTS.take(&mut ebpf).map_err(map_error)?)
         } else {
             None
         };
@@ -297,6 +284,7 @@ impl Session {
             histograms,
             counters,
             ebpf,
+            _sites: sites,
             plan: plan.clone(),
             pmu,
         })

@@ -109,16 +109,12 @@ impl ProbeStacks {
             profiler_common::unwind::MAX_UNWIND_PROCESSES,
         ))
         .map_err(|e| SessionError::Map("UNWIND_*", format!("starting its thread: {e}")))?;
-        let stacks = BpfHashMap::try_from(
-            ebpf.take_map("STACKS")
-                .ok_or_else(|| SessionError::Map("STACKS", "missing".into()))?,
-        )
-        .map_err(|e| SessionError::Map("STACKS", e.to_string()))?;
-        let totals = PerCpuHashMap::try_from(
-            ebpf.take_map("STACK_TOTALS")
-                .ok_or_else(|| SessionError::Map("STACK_TOTALS", "missing".into()))?,
-        )
-        .map_err(|e| SessionError::Map("STACK_TOTALS", e.to_string()))?;
+        let stacks = profiler_bpf::maps::STACKS
+            .take(ebpf)
+            .map_err(|e| SessionError::Map("STACKS", e.to_string()))?;
+        let totals = profiler_bpf::maps::STACK_TOTALS
+            .take(ebpf)
+            .map_err(|e| SessionError::Map("STACK_TOTALS", e.to_string()))?;
         let files = plan
             .sites
             .iter()

@@ -35,6 +35,10 @@ use pclntab::GoSymbols;
 /// The Go runtime, as the symbolizer and the table builder ask it.
 pub struct Go;
 
+/// Go processes and where their runtime keeps goroutines and labels.
+const GO_PROCESSES: profiler_runtime::ProcessMap<profiler_common::runtimes::go::GoProcess> =
+    profiler_runtime::ProcessMap::new("GO_PROCESSES");
+
 /// The one instance the runtime list names.
 pub static GO: Go = Go;
 
@@ -68,9 +72,8 @@ impl Runtime for Go {
     }
 
     fn start(&self, ebpf: &mut Ebpf, _shared: &Shared) -> Result<Box<dyn Registry>, RuntimeError> {
-        let registry =
-            labels::GoLabelRegistry::spawn(profiler_runtime::hash_map(ebpf, "GO_PROCESSES")?)
-                .map_err(|e| RuntimeError::Thread("go-labels", e))?;
+        let registry = labels::GoLabelRegistry::spawn(GO_PROCESSES.take(ebpf)?)
+            .map_err(|e| RuntimeError::Thread("go-labels", e))?;
         Ok(Box::new(registry))
     }
 }

@@ -40,6 +40,10 @@ use registry::{JvmInstance, JvmRegistry};
 /// HotSpot, as the products see it.
 pub struct HotSpot;
 
+/// JVMs and where they keep what the walker reads.
+const JVM_PROCESSES: profiler_runtime::ProcessMap<profiler_common::runtimes::hotspot::JvmProcess> =
+    profiler_runtime::ProcessMap::new("JVM_PROCESSES");
+
 /// The one instance the runtime list names.
 pub static HOTSPOT: HotSpot = HotSpot;
 
@@ -78,11 +82,8 @@ impl Runtime for HotSpot {
     }
 
     fn start(&self, ebpf: &mut Ebpf, shared: &Shared) -> Result<Box<dyn Registry>, RuntimeError> {
-        let registry = JvmRegistry::spawn(
-            profiler_runtime::hash_map(ebpf, "JVM_PROCESSES")?,
-            shared.regions.clone(),
-        )
-        .map_err(|e| RuntimeError::Thread("jvm", e))?;
+        let registry = JvmRegistry::spawn(JVM_PROCESSES.take(ebpf)?, shared.regions.clone())
+            .map_err(|e| RuntimeError::Thread("jvm", e))?;
         Ok(Box::new(registry))
     }
 }

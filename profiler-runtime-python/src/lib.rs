@@ -42,6 +42,14 @@ use registry::PythonRegistry;
 /// CPython, as the products see it.
 pub struct CPython;
 
+/// CPython processes and where they keep what the walker reads.
+const PY_PROCESSES: profiler_runtime::ProcessMap<profiler_common::runtimes::python::PyProcess> =
+    profiler_runtime::ProcessMap::new("PY_PROCESSES");
+/// Thread states by thread id (3.10: by thread pointer).
+const PY_THREADS: profiler_bpf::maps::Handle<
+    aya::maps::HashMap<aya::maps::MapData, u64, profiler_common::runtimes::python::PyThread>,
+> = profiler_bpf::maps::Handle::new("PY_THREADS");
+
 /// The one instance the runtime list names.
 pub static CPYTHON: CPython = CPython;
 
@@ -84,11 +92,8 @@ impl Runtime for CPython {
     }
 
     fn start(&self, ebpf: &mut Ebpf, _shared: &Shared) -> Result<Box<dyn Registry>, RuntimeError> {
-        let registry = PythonRegistry::spawn(
-            profiler_runtime::hash_map(ebpf, "PY_PROCESSES")?,
-            profiler_runtime::hash_map(ebpf, "PY_THREADS")?,
-        )
-        .map_err(|e| RuntimeError::Thread("python", e))?;
+        let registry = PythonRegistry::spawn(PY_PROCESSES.take(ebpf)?, PY_THREADS.take(ebpf)?)
+            .map_err(|e| RuntimeError::Thread("python", e))?;
         Ok(Box::new(registry))
     }
 }

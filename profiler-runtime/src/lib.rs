@@ -181,22 +181,15 @@ impl Counts {
 /// Why the runtimes' part of a product could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    #[error("the BPF object has no map {0} (a build problem)")]
-    MissingMap(&'static str),
-    #[error("BPF map {0}: {1}")]
-    Map(&'static str, aya::maps::MapError),
+    #[error(transparent)]
+    Map(#[from] profiler_bpf::maps::MapTakeError),
     #[error("starting the {0} thread: {1}")]
     Thread(&'static str, std::io::Error),
 }
 
-/// Takes map `name` of the loaded object as a typed hash map.
-pub fn hash_map<K: aya::Pod, V: aya::Pod>(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-) -> Result<aya::maps::HashMap<aya::maps::MapData, K, V>, RuntimeError> {
-    let map = ebpf.take_map(name).ok_or(RuntimeError::MissingMap(name))?;
-    aya::maps::HashMap::try_from(map).map_err(|e| RuntimeError::Map(name, e))
-}
+/// A runtime's map of the loaded object, per process (a typed handle, see
+/// `profiler_bpf::maps`).
+pub type ProcessMap<V> = profiler_bpf::maps::Handle<aya::maps::HashMap<aya::maps::MapData, u32, V>>;
 
 /// Which runtimes are on: the one setting (`--runtimes`, `runtimes` in
 /// the config, `PROFILER_AGENT_RUNTIMES`), a comma-separated list of
@@ -350,9 +343,12 @@ impl RuntimeRegistry {
         lines
     }
 
-    /// Names of the started runtimes.
-    pub fn names(&self) -> Vec<&'static str> {
-        self.runtimes.iter().map(|(r, _)| r.name()).collect()
+    /// The started runtimes' ids and names.
+    pub fn ids(&self) -> Vec<(u8, &'static str)> {
+        self.runtimes
+            .iter()
+            .map(|(r, _)| (r.id(), r.name()))
+            .collect()
     }
 
     /// The registry of type `T`, when that runtime is started (a product

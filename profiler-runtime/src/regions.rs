@@ -21,6 +21,9 @@ use profiler_common::runtimes::{CodeRegion, MAX_CODE_REGIONS, ProcessRegions};
 
 use crate::RuntimeError;
 
+/// The regions' map: pid to `ProcessRegions`.
+const REGIONS: crate::ProcessMap<ProcessRegions> = crate::ProcessMap::new("RUNTIME_REGIONS");
+
 /// The largest region taken (HotSpot's code cache is at most 2 GiB; V8's
 /// code space a few).
 pub const MAX_REGION_BYTES: u64 = 8 << 30;
@@ -122,7 +125,7 @@ struct Inner {
 impl Regions {
     /// Takes the map from the loaded object.
     pub fn take(ebpf: &mut Ebpf) -> Result<Regions, RuntimeError> {
-        let map = crate::hash_map(ebpf, "RUNTIME_REGIONS")?;
+        let map = REGIONS.take(ebpf)?;
         Ok(Regions(Some(Arc::new(Mutex::new(Inner {
             map,
             processes: HashMap::new(),

@@ -441,16 +441,21 @@ fn raw_profile(path: &std::path::Path) -> Raw {
                         .collect(),
                 );
             }
-            // "  1: 0x55a34776315f M=1 work /path/hot.c:17 s=0"
+            // "  1: 0x55a34776315f M=1 work /path/hot.c:17 s=0", or with a
+            // column, "/path/hot.c:17:0"
             "Locations" if fields.len() >= 4 && fields[0].ends_with(':') => {
                 let address = u64::from_str_radix(fields[1].trim_start_matches("0x"), 16).unwrap();
                 let Some(mapping) = fields[2].strip_prefix("M=") else {
                     continue;
                 };
-                let line_no = fields[4]
-                    .rsplit_once(':')
-                    .and_then(|(_, l)| l.parse().ok())
-                    .unwrap_or(0);
+                // `file:line`, or `file:line:column` (newer pprof).
+                let parts: Vec<&str> = fields[4].rsplitn(3, ':').collect();
+                let line_no = match parts.as_slice() {
+                    [column, line, _] if column.parse::<u32>().is_ok() => line.parse().ok(),
+                    [line, ..] => line.parse().ok(),
+                    [] => None,
+                }
+                .unwrap_or(0);
                 raw.locations.push((
                     address,
                     mapping.parse().unwrap(),

@@ -229,6 +229,9 @@ pub struct Recording {
     /// What each runtime's registry and walker did, in words (the report's
     /// lines); filled by `finish`.
     pub runtime_report: Vec<String>,
+    /// The runtimes' walkers' counters, by `RuntimeCounter::slot`; filled
+    /// by `finish`.
+    pub runtime_counters: Vec<u64>,
 }
 
 impl Recording {
@@ -379,6 +382,7 @@ impl Recorder {
                 label_cache: LabelCache::default(),
                 runtime_frames,
                 runtime_report: Vec::new(),
+                runtime_counters: Vec::new(),
             },
             started: Instant::now(),
             sampled: Default::default(),
@@ -524,6 +528,17 @@ impl Recorder {
         self.sampler.counters()
     }
 
+    /// The runtimes' walkers' counters so far, by
+    /// `RuntimeCounter::slot`.
+    pub fn runtime_counters(&self) -> Vec<u64> {
+        self.sampler.runtime_counters()
+    }
+
+    /// The started runtimes' ids and names.
+    pub fn runtime_names(&self) -> Vec<(u8, &'static str)> {
+        self.runtimes.ids()
+    }
+
     /// Forgets processes that have exited — call it once their last window
     /// is built — with their unwind-table registration, and the parsed
     /// objects no remaining process maps. Keeps a long continuous run's
@@ -575,9 +590,10 @@ impl Recorder {
             tables.flush();
             self.recording.unwind_tables = tables.stats();
         }
+        self.recording.runtime_counters = self.sampler.runtime_counters();
         self.recording.runtime_report = self.runtimes.report(
             self.recording.counters.as_slice(),
-            &self.sampler.runtime_counters(),
+            &self.recording.runtime_counters,
         );
         self.recording
     }

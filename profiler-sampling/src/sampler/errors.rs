@@ -45,8 +45,8 @@ pub enum SamplingError {
     #[error("BPF map {0}: {1}")]
     Map(&'static str, #[source] MapError),
 
-    #[error("the embedded BPF object has no map {0} (a build problem: run `cargo xtask setup`)")]
-    MissingMap(&'static str),
+    #[error(transparent)]
+    MapTake(#[from] profiler_bpf::maps::MapTakeError),
 
     #[error("unwind tables: {0}")]
     UnwindArray(#[from] crate::tables::ArrayError),

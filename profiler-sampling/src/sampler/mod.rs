@@ -17,7 +17,7 @@ pub use privileges::check_privileges;
 
 use std::time::Duration;
 
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::maps::{MapData, PerCpuArray};
 use aya::programs::PerfEvent;
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::{Ebpf, EbpfLoader};
@@ -31,6 +31,7 @@ use self::user_stacks::UserStacks;
 use crate::tables::{TableStore, UnwindArrays, UnwindTables};
 use profiler_bpf::chain::{Chain, Context};
 use profiler_bpf::loading::raise_memlock_limit;
+use profiler_bpf::maps;
 use profiler_common::runtimes::RUNTIME_COUNTER_SLOTS;
 use profiler_runtimes::{RuntimeRegistry, Selection};
 
@@ -147,6 +148,7 @@ pub struct Sampler {
     runtime_counters: PerCpuArray<MapData, u64>,
     /// The walk's chains: their program arrays stay open while sampling.
     _chains: Vec<Chain>,
+    _pid_filter: aya::maps::HashMap<MapData, u32, u8>,
 }
 
 impl Sampler {
@@ -183,7 +185,7 @@ impl Sampler {
         let mut loader = EbpfLoader::new();
         loader
             .override_global(GLOBAL_FILTER_PIDS, &filter, true)
-            .map_max_entries("UNWIND_ROWS", row_blocks);
+            .map_max_entries(maps::UNWIND_ROWS, row_blocks);
         if let Some(globals) = &off_cpu {
             globals.apply(&mut loader);
         }
@@ -193,7 +195,7 @@ impl Sampler {
         for name in PROBE_MAPS {
             loader.map_max_entries(name, 1);
         }
-        loader.map_max_entries("TRACE_EVENTS", profiler_bpf::loading::page_size());
+        maps::TRACE_EVENTS.size(&mut loader, profiler_bpf::loading::page_size());
         let mut ebpf = loader
             .load(profiler_bpf::OBJECT)
             .map_err(SamplingError::load)?;
@@ -214,17 +216,13 @@ impl Sampler {
             );
         }
 
-        if !config.pids.is_empty() {
-            let mut pid_filter: BpfHashMap<_, u32, u8> = BpfHashMap::try_from(
-                ebpf.map_mut("PID_FILTER")
-                    .ok_or(SamplingError::MissingMap("PID_FILTER"))?,
-            )
-            .map_err(|e| SamplingError::Map("PID_FILTER", e))?;
-            for &pid in &config.pids {
-                pid_filter
-                    .insert(pid, 1, 0)
-                    .map_err(|e| SamplingError::Map("PID_FILTER", e))?;
-            }
+        // Kept open while the entry program loads (it is relocated with
+        // the descriptor) and runs.
+        let mut pid_filter = maps::PID_FILTER.take(&mut ebpf)?;
+        for &pid in &config.pids {
+            pid_filter
+                .insert(pid, 1, 0)
+                .map_err(|e| SamplingError::Map("PID_FILTER", e))?;
         }
 
         let arrays = UnwindArrays::take(&mut ebpf)?;
@@ -258,21 +256,9 @@ impl Sampler {
             offcpu::attach(&mut ebpf)?;
         }
 
-        let samples = RingBuf::try_from(
-            ebpf.take_map("SAMPLES")
-                .ok_or(SamplingError::MissingMap("SAMPLES"))?,
-        )
-        .map_err(|e| SamplingError::Map("SAMPLES", e))?;
-        let counters = PerCpuArray::try_from(
-            ebpf.take_map("COUNTERS")
-                .ok_or(SamplingError::MissingMap("COUNTERS"))?,
-        )
-        .map_err(|e| SamplingError::Map("COUNTERS", e))?;
-        let runtime_counters = PerCpuArray::try_from(
-            ebpf.take_map("RUNTIME_COUNTERS")
-                .ok_or(SamplingError::MissingMap("RUNTIME_COUNTERS"))?,
-        )
-        .map_err(|e| SamplingError::Map("RUNTIME_COUNTERS", e))?;
+        let samples = maps::SAMPLES.take(&mut ebpf)?;
+        let counters = maps::COUNTERS.take(&mut ebpf)?;
+        let runtime_counters = maps::RUNTIME_COUNTERS.take(&mut ebpf)?;
         // Loading parsed the kernel's BTF (megabytes of type data) and
         // freed it; hand that memory back instead of keeping it resident.
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -291,6 +277,7 @@ impl Sampler {
             cpus,
             runtimes: Some(runtimes),
             runtime_counters,
+            _pid_filter: pid_filter,
             _chains: chains,
         };
         Ok((sampler, tables))

@@ -8,6 +8,7 @@
 //! table does not fit, the tables least recently sampled are evicted, and
 //! the processes that mapped them walk those objects by frame pointers.
 
+use profiler_bpf::maps;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -183,16 +184,14 @@ impl UnwindArrays {
     /// The walker's arrays of a loaded BPF object (the sampling object,
     /// or the latency object walking stacks at probe hits).
     pub fn take(ebpf: &mut aya::Ebpf) -> Result<Self, super::ArrayError> {
-        let processes = ebpf
-            .take_map("UNWIND_PROCESSES")
-            .ok_or(super::ArrayError::Missing("UNWIND_PROCESSES"))?;
-        let processes = BpfHashMap::<_, u32, ProcessUnwind>::try_from(processes)
-            .map_err(|_| super::ArrayError::NotAHashMap("UNWIND_PROCESSES"))?;
+        let processes = maps::UNWIND_PROCESSES
+            .take(ebpf)
+            .map_err(|_| super::ArrayError::NotAHashMap(maps::UNWIND_PROCESSES.name))?;
         Ok(UnwindArrays {
-            rows: MappedArray::take(ebpf, "UNWIND_ROWS")?,
-            pages: MappedArray::take(ebpf, "UNWIND_PAGES")?,
-            rules: MappedArray::take(ebpf, "UNWIND_RULES")?,
-            mappings: MappedArray::take(ebpf, "UNWIND_MAPPINGS")?,
+            rows: MappedArray::take(ebpf, maps::UNWIND_ROWS)?,
+            pages: MappedArray::take(ebpf, maps::UNWIND_PAGES)?,
+            rules: MappedArray::take(ebpf, maps::UNWIND_RULES)?,
+            mappings: MappedArray::take(ebpf, maps::UNWIND_MAPPINGS)?,
             processes: Box::new(processes),
         })
     }
