@@ -89,10 +89,11 @@ pub struct Config {
     #[schemars(with = "String")]
     pub off_cpu_min: Duration,
     /// Off-CPU intervals shorter than this are recorded with probability
-    /// interval / period, each then standing for one period.
-    #[serde(with = "humantime_serde")]
+    /// interval / period, each then standing for one period; empty: one
+    /// CPU sampling period (1 / frequency_hz), as `record` takes it.
+    #[serde(with = "optional_duration")]
     #[schemars(with = "String")]
-    pub off_cpu_period: Duration,
+    pub off_cpu_period: Option<Duration>,
     /// Above this many tracked processes (or `max_objects` open object
     /// files), the sampler is restarted at the next window boundary so
     /// every cache starts empty again: a bound on memory.
@@ -203,6 +204,13 @@ impl GoLabelsSection {
 }
 
 impl Config {
+    /// The off-CPU sampling period: `off_cpu_period`, else one CPU
+    /// sampling period.
+    pub fn off_cpu_period(&self) -> Duration {
+        self.off_cpu_period
+            .unwrap_or_else(|| profiler_sampling::sampler::sampling_period(self.frequency_hz))
+    }
+
     /// The runtimes selected (`runtimes`), checked against the known ones.
     pub fn runtime_selection(&self) -> Result<profiler_runtimes::Selection, ConfigError> {
         profiler_runtimes::selection(&self.runtimes.join(",")).map_err(|message| {
@@ -217,7 +225,7 @@ impl Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            frequency_hz: 100,
+            frequency_hz: profiler_sampling::sampler::DEFAULT_FREQUENCY_HZ,
             window: Duration::from_secs(15),
             pids: Vec::new(),
             cgroups: Vec::new(),
@@ -232,7 +240,7 @@ impl Default for Config {
             off_cpu: false,
             wall: false,
             off_cpu_min: profiler_sampling::sampler::DEFAULT_OFF_CPU_MIN,
-            off_cpu_period: Duration::from_millis(10),
+            off_cpu_period: None,
             max_processes: 4096,
             max_objects: 4096,
             directory: DirectoryConfig::default(),
@@ -286,7 +294,7 @@ impl Config {
         if self.window < Duration::from_secs(1) {
             return invalid("window", "must be at least 1s");
         }
-        if self.off_cpu_period > Duration::from_secs(3600) {
+        if self.off_cpu_period() > Duration::from_secs(3600) {
             return invalid("off_cpu_period", "must be at most 1h");
         }
         if self.listen_addr().is_err() {

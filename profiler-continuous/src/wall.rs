@@ -46,7 +46,7 @@ pub fn stacks_for(
 /// Caps each thread's off-CPU time at the window's length less its CPU
 /// time (see the module's comment), scaling its off-CPU stacks alike.
 fn cap_to_window(stacks: &mut Stacks, elapsed: Duration, frequency_hz: u64) {
-    let period_ns = 1_000_000_000 / frequency_hz.max(1);
+    let period_ns = profiler_sampling::sampler::sampling_period(frequency_hz).as_nanos() as u64;
     let window_ns = elapsed.as_nanos().min(u64::MAX as u128) as u64;
     // (CPU, off-CPU) nanoseconds per thread.
     let mut threads: HashMap<(u32, u32), (u64, u64)> = HashMap::new();

@@ -78,7 +78,7 @@ pub struct RecordArgs {
     pub pids: Vec<u32>,
 
     /// Samples per second on each CPU.
-    #[arg(short = 'F', long, default_value_t = 100, value_name = "HZ",
+    #[arg(short = 'F', long, default_value_t = profiler_sampling::sampler::DEFAULT_FREQUENCY_HZ, value_name = "HZ",
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub frequency: u64,
 
@@ -213,7 +213,7 @@ impl RecordArgs {
             min: self.off_cpu_min,
             period: self
                 .off_cpu_period
-                .unwrap_or(Duration::from_nanos(1_000_000_000 / self.frequency.max(1))),
+                .unwrap_or(profiler_sampling::sampler::sampling_period(self.frequency)),
             wall: self.wall,
         })
     }

@@ -82,7 +82,7 @@ impl Agent {
                 .records_off_cpu()
                 .then_some(profiler_sampling::sampler::OffCpuConfig {
                     min: config.off_cpu_min,
-                    period: config.off_cpu_period,
+                    period: config.off_cpu_period(),
                     wall: false,
                 }),
             // Checked when the config was read.

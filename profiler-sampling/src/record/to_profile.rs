@@ -177,7 +177,7 @@ fn build<K: Borrow<StackKey>, C: Borrow<StackCounts>>(
         .started
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
-    let period_ns = 1_000_000_000 / window.frequency_hz.max(1) as i64;
+    let period_ns = crate::sampler::sampling_period(window.frequency_hz).as_nanos() as i64;
     let mut builder: ProfileBuilder<LocationKey, MappingKey> =
         ProfileBuilder::new(start_unix_ns, window.elapsed.as_nanos() as i64, period_ns);
     builder.kind(window.kind);

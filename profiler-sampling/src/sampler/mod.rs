@@ -84,6 +84,18 @@ const PROBE_MAPS: [&str; 7] = [
     "SITES",
 ];
 
+/// Samples per second per CPU unless told otherwise: Go's own profiler's
+/// rate. `record`'s `-F` and `run`'s `frequency_hz` default to it.
+pub const DEFAULT_FREQUENCY_HZ: u64 = 100;
+
+/// The CPU time one sample stands for at `frequency_hz`: the period of
+/// the CPU clock's samples (10 ms at 100 Hz), and the default period of
+/// off-CPU sampling, so that a blocked thread is sampled as often as a
+/// running one.
+pub fn sampling_period(frequency_hz: u64) -> std::time::Duration {
+    std::time::Duration::from_nanos(1_000_000_000 / frequency_hz.max(1))
+}
+
 /// Default bound on unwind-table rows: 64 MiB holds 16 M rows, the tables
 /// of hundreds of typical objects (libc: 0.2 MiB; see BENCHMARKS.md).
 pub const DEFAULT_UNWIND_TABLE_BYTES: u64 = 64 << 20;
