@@ -25,6 +25,7 @@ const PACKAGE: &str = "profiler-ebpf";
 /// verifies a function inside each of its callers.
 const GLOBAL_FUNCTIONS: &[&str] = &[
     "profiler_walk_step",
+    "profiler_frame_pointer_step",
     "profiler_go_labels",
     "profiler_python_step",
     "profiler_hotspot_step",

@@ -72,6 +72,18 @@ pub(crate) fn may_hand_over(state: &WalkState) -> bool {
 /// (a build problem: the loader fills every context's finish).
 #[inline(always)]
 pub(crate) fn finish<C: EbpfContext, const K: u32>(ctx: &C, state: &mut WalkState) {
+    sections::<C, K>(ctx, state);
+    call::<C, K>(ctx, state, CHAIN_FINISH);
+}
+
+/// Tail-calls the walker of each interpreter whose activations were
+/// marked, to write its section (each one, when done, comes back through
+/// `finish`); returns when none is left (or none could be called).
+#[inline(always)]
+pub(crate) fn sections<C: EbpfContext, const K: u32>(ctx: &C, state: &mut WalkState) {
+    if state.marked == 0 {
+        return;
+    }
     let mut runtime = 1;
     while runtime < MAX_RUNTIMES as u32 {
         let bit = 1 << runtime;
@@ -81,14 +93,13 @@ pub(crate) fn finish<C: EbpfContext, const K: u32>(ctx: &C, state: &mut WalkStat
             state.marked &= !bit;
             if state.chain_calls + 2 > MAX_CHAIN_CALLS {
                 bump(Counter::ChainCut);
-                break;
+                return;
             }
             call::<C, K>(ctx, state, chain_slot(runtime as u8));
             bump(Counter::ChainMissing);
         }
         runtime += 1;
     }
-    call::<C, K>(ctx, state, CHAIN_FINISH);
 }
 
 /// Declares a walker's program in every context: `walkers!(body, cpu,

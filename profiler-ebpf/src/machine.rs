@@ -203,29 +203,36 @@ pub fn interrupted_user(regs: *const u64) -> Option<SavedUser> {
     })
 }
 
+/// Words of `pt_regs` the registers are read from at once
+/// (`saved_user`'s buffer).
+pub const REGS_BLOCK_WORDS: usize = layout::BLOCK_WORDS;
+
 /// Reads the current task's saved user registers (its `pt_regs` at the top
 /// of its kernel stack, `bpf_task_pt_regs`): right both when the program
 /// interrupted user code and when it runs inside a system call. One read
 /// of the block that holds them all (each helper call costs more than the
-/// bytes it copies).
+/// bytes it copies), into `block`: map memory, not the program's stack,
+/// which arm64's 6.1 verifier counts with the walk's callback and step.
 #[inline(always)]
-pub fn saved_user() -> SavedUser {
+pub fn saved_user(block: &mut [u64; REGS_BLOCK_WORDS]) -> SavedUser {
     // SAFETY: both helpers take and return kernel pointers the verifier
     // tracks; we only read through bpf_probe_read_kernel.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
     if regs.is_null() {
         return SavedUser::default();
     }
-    // SAFETY: bpf_probe_read_kernel validates the address; a failed read
-    // leaves nothing to unwind.
-    let Ok(block) = (unsafe {
-        bpf_probe_read_kernel(
-            regs.add(layout::BLOCK_START)
-                .cast::<[u64; layout::BLOCK_WORDS]>(),
+    // SAFETY: bpf_probe_read_kernel validates the address and writes at
+    // most the block's bytes; a failed read leaves nothing to unwind.
+    let read = unsafe {
+        aya_ebpf::helpers::generated::bpf_probe_read_kernel(
+            block.as_mut_ptr().cast(),
+            (REGS_BLOCK_WORDS * 8) as u32,
+            regs.add(layout::BLOCK_START).cast(),
         )
-    }) else {
-        return SavedUser::default();
     };
+    if read != 0 {
+        return SavedUser::default();
+    }
     let word = |index: usize| block.get(index).copied().unwrap_or(0);
     let nr = match layout::SYSCALL_NR_BITS {
         32 => word(layout::SYSCALL_NR) as u32 as i32 as i64,

@@ -26,16 +26,15 @@ use aya_ebpf::{
 use profiler_common::offcpu::{
     MAX_OFF_CPU_THREADS, OFF_CPU_STACK_RESEND_NS, OffCpuThread, PF_KTHREAD, TASK_RUNNING,
 };
-use profiler_common::runtimes::CHAIN_NATIVE;
 use profiler_common::{
     Counter, MAX_STACK_DEPTH, MAX_USER_WORDS, SAMPLE_FLAG_GO_LABELS, SAMPLE_FLAG_IN_KERNEL,
     SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING, SAMPLE_KIND_OFF_CPU,
     SAMPLE_KIND_OFF_CPU_STACK, Sample, runtimes::go::GoLabels,
 };
 
-use crate::chain::{self, SCHED};
+use crate::chain::SCHED;
 use crate::sampling::KERNEL_STACK_BYTES;
-use crate::{SCRATCH_OFF_CPU_INTERVAL, bump, machine, runtimes, send, traced, walk};
+use crate::{SCRATCH_OFF_CPU_INTERVAL, bump, machine, native, runtimes, send, traced, walk};
 
 /// Intervals shorter than this are not recorded (set by the loader).
 #[unsafe(no_mangle)]
@@ -185,7 +184,6 @@ fn walk_user_stack(ctx: &BtfTracePointContext, pid: u32, tid: u32, task_state: u
     let (Some(record), Some(state)) = (crate::scratch(SCHED), walk::state(SCHED)) else {
         return;
     };
-    let saved = machine::saved_user();
     // SAFETY: this CPU's scratch record and walk state, ours for the
     // chain's run.
     unsafe {
@@ -193,9 +191,13 @@ fn walk_user_stack(ctx: &BtfTracePointContext, pid: u32, tid: u32, task_state: u
         (*record).kind = SAMPLE_KIND_OFF_CPU_STACK;
         (*record).time_ns = now;
         let state = &mut *state;
-        if walk::begin(state, pid, &saved.regs, saved.in_system_call, 0) {
-            chain::call::<_, SCHED>(ctx, state, CHAIN_NATIVE);
-            bump(Counter::ChainMissing);
+        let saved = machine::saved_user(&mut state.regs_block);
+        // The native walk here, and the finish too unless the walk went on
+        // in a runtime's walker (a tail call).
+        if walk::begin(state, pid, &saved.regs, saved.in_system_call, 0)
+            && native::walk_here::<_, SCHED>(ctx, state)
+        {
+            finish_stack(tid);
         }
     }
 }
@@ -207,7 +209,13 @@ fn walk_user_stack(ctx: &BtfTracePointContext, pid: u32, tid: u32, task_state: u
 /// the send failed).
 #[btf_tracepoint(function = "sched_switch")]
 pub fn finish_sched(_ctx: BtfTracePointContext) -> u32 {
-    let tid = bpf_get_current_pid_tgid() as u32;
+    finish_stack(bpf_get_current_pid_tgid() as u32);
+    0
+}
+
+/// `finish_sched`'s body, for thread `tid` (the current one).
+#[inline(always)]
+fn finish_stack(tid: u32) {
     if let (Some(record), Some(state), Some(thread)) = (
         crate::scratch(SCHED),
         walk::state(SCHED),
@@ -219,7 +227,6 @@ pub fn finish_sched(_ctx: BtfTracePointContext) -> u32 {
             (*thread).stack_id = user_stack(thread, record, &*state);
         }
     }
-    0
 }
 
 /// See `finish_sched`: the stack's id.

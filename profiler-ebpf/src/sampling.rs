@@ -12,7 +12,6 @@ use aya_ebpf::{
     macros::perf_event,
     programs::PerfEventContext,
 };
-use profiler_common::runtimes::{CHAIN_FINISH, CHAIN_NATIVE};
 use profiler_common::unwind::UserStackEnd;
 use profiler_common::{
     Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, MAX_USER_WORDS, SAMPLE_FLAG_GO_LABELS,
@@ -20,8 +19,8 @@ use profiler_common::{
     SAMPLE_KIND_CPU, Sample, runtimes::go::GoLabels,
 };
 
-use crate::chain::{self, CPU};
-use crate::{bump, machine, runtimes, send, traced, walk, words};
+use crate::chain::CPU;
+use crate::{bump, machine, native, runtimes, send, traced, walk, words};
 
 pub(crate) const KERNEL_STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
 
@@ -98,16 +97,15 @@ fn start(ctx: &PerfEventContext) {
         words::set(&raw mut (*sample).weight_ns, 0);
         words::set(&raw mut (*sample).task_state, 0);
         words::set(&raw mut (*sample).intervals, 0);
-        let saved = interrupted_user.unwrap_or_else(machine::saved_user);
         let state = &mut *state;
-        let slot = if walk::begin(state, pid, &saved.regs, saved.in_system_call, kernel_frames) {
-            CHAIN_NATIVE
-        } else {
-            CHAIN_FINISH
-        };
-        chain::call::<_, CPU>(ctx, state, slot);
-        // Only a build problem leaves a slot of the chain empty.
-        bump(Counter::ChainMissing);
+        let saved = interrupted_user.unwrap_or_else(|| machine::saved_user(&mut state.regs_block));
+        // The native walk here, and the finish too unless the walk went on
+        // in a runtime's walker (a tail call).
+        if !walk::begin(state, pid, &saved.regs, saved.in_system_call, kernel_frames)
+            || native::walk_here::<_, CPU>(ctx, state)
+        {
+            finish(ctx);
+        }
     }
 }
 

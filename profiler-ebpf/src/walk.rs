@@ -206,6 +206,9 @@ pub(crate) struct WalkState {
     /// `regions`: `REGIONS_UNREAD`, `REGIONS_READ`, `REGIONS_NONE`.
     pub(crate) regions_state: u32,
     pub(crate) _pad: u32,
+    /// Where the entry reads the task's saved registers
+    /// (`machine::saved_user`), off its stack.
+    pub(crate) regs_block: [u64; machine::REGS_BLOCK_WORDS],
 }
 
 pub(crate) const REGIONS_UNREAD: u32 = 0;

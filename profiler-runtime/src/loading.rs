@@ -13,6 +13,7 @@ use crate::{Runtime, Selection};
 
 const GLOBAL_ENABLED_RUNTIMES: &str = "ENABLED_RUNTIMES";
 const GLOBAL_TASK_THREAD_POINTER_OFFSET: &str = "TASK_THREAD_POINTER_OFFSET";
+const GLOBAL_FRAME_POINTERS_ONLY: &str = "FRAME_POINTERS_ONLY";
 
 /// Values the loader writes into the object (they must outlive the
 /// loader, which borrows them).
@@ -53,6 +54,8 @@ impl Globals {
             runtime.globals(on, &mut globals);
         }
         globals.set(GLOBAL_ENABLED_RUNTIMES, &enabled.to_le_bytes());
+        // Without unwind tables, the walk follows frame records alone.
+        globals.set(GLOBAL_FRAME_POINTERS_ONLY, &[u8::from(!tables)]);
         globals
     }
 

@@ -395,24 +395,23 @@ fn share(stacks: &[Stack], keep: impl Fn(&Stack) -> bool) -> f64 {
 fn arm64_bpf_programs_fit_the_verifiers_stack_budget() {
     let agent = arm64_agent();
     let build = agent.parent().unwrap().join("build");
-    for object in ["profiler"] {
-        let newest = std::fs::read_dir(&build)
-            .unwrap_or_else(|e| panic!("{}: {e}", build.display()))
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with("profiler-bpf-"))
-            .map(|e| e.path().join("out").join(object))
-            .filter(|p| p.exists())
-            .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
-        let path = newest.unwrap_or_else(|| {
-            panic!(
-                "no arm64 BPF object `{object}` under {}/profiler-bpf-*/out",
-                build.display()
-            )
-        });
-        let elf = std::fs::read(&path).unwrap();
-        let over = profiler_bpf::stack_budget::over_budget(&elf).unwrap();
-        assert!(over.is_empty(), "{}:\n{}", path.display(), over.join("\n"));
-    }
+    let object = "profiler";
+    let newest = std::fs::read_dir(&build)
+        .unwrap_or_else(|e| panic!("{}: {e}", build.display()))
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("profiler-bpf-"))
+        .map(|e| e.path().join("out").join(object))
+        .filter(|p| p.exists())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok());
+    let path = newest.unwrap_or_else(|| {
+        panic!(
+            "no arm64 BPF object `{object}` under {}/profiler-bpf-*/out",
+            build.display()
+        )
+    });
+    let elf = std::fs::read(&path).unwrap();
+    let over = profiler_bpf::stack_budget::over_budget(&elf).unwrap();
+    assert!(over.is_empty(), "{}:\n{}", path.display(), over.join("\n"));
 }
 
 #[test]

@@ -47,7 +47,6 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::ProbeContext,
 };
-use profiler_common::Counter;
 use profiler_common::latency::{
     FILTER_EQ, FILTER_GE, FILTER_GT, FILTER_LE, FILTER_LT, FILTER_NE, FILTER_NONE, HIST_SLOTS,
     HistKey, HistValue, KEY_ARG, KEY_COMM, KEY_NONE, KEY_PID, KEY_STRING_ARG,
@@ -56,11 +55,11 @@ use profiler_common::latency::{
     PendingStarts, ProbeStack, SiteConfig, StackId, StackTotals, StartKey, StartValue, TRACE_SLOTS,
     TRACE_TEXT_LEN, TraceEvent,
 };
-use profiler_common::runtimes::CHAIN_NATIVE;
+use profiler_common::runtimes::CHAIN_FINISH;
 use profiler_common::unwind::UserStackEnd;
 
 use crate::chain::{self, PROBE};
-use crate::{bump, machine, walk, words};
+use crate::{machine, native, walk, words};
 
 /// Set by the loader (`profiler_common::latency::GLOBAL_LATENCY_CONFIG`).
 /// A read-only global: the verifier sees its fields as constants and drops
@@ -356,12 +355,13 @@ fn walk_stack(ctx: &ProbeContext, key: StartKey, kind: u32) {
     unsafe {
         (*walk_of).key = key;
         (*walk_of).kind = kind;
-        let regs = machine::saved_user().regs;
         let state = &mut *state;
+        let regs = machine::saved_user(&mut state.regs_block).regs;
         // At a probe: the task is at the probed instruction, not in a call.
-        if walk::begin(state, key.tgid, &regs, false, 0) {
-            chain::call::<_, PROBE>(ctx, state, CHAIN_NATIVE);
-            bump(Counter::ChainMissing);
+        if walk::begin(state, key.tgid, &regs, false, 0)
+            && native::walk_here::<_, PROBE>(ctx, state)
+        {
+            chain::call::<_, PROBE>(ctx, state, CHAIN_FINISH);
         }
     }
 }

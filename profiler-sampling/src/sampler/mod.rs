@@ -227,6 +227,17 @@ impl Sampler {
                     .map_err(SamplingError::Chain)?,
             );
         }
+        // The entries too (each walks natively in place), before any map
+        // is dropped.
+        let entry: &mut PerfEvent = ebpf
+            .program_mut("sample_stack")
+            .ok_or(SamplingError::MissingProgram("sample_stack"))?
+            .try_into()
+            .map_err(SamplingError::program)?;
+        entry.load().map_err(SamplingError::program)?;
+        if off_cpu.is_some() {
+            offcpu::load(&mut ebpf)?;
+        }
 
         // Kept open while the entry program loads (it is relocated with
         // the descriptor) and runs.
@@ -253,7 +264,6 @@ impl Sampler {
             .ok_or(SamplingError::MissingProgram("sample_stack"))?
             .try_into()
             .map_err(SamplingError::program)?;
-        program.load().map_err(SamplingError::program)?;
         for &cpu in &cpus {
             program
                 .attach(

@@ -96,30 +96,51 @@ const PROGRAMS: [(&str, &str); 2] = [
     ("off_cpu_switch", "sched_switch"),
 ];
 
-/// Loads and attaches the off-CPU programs (the links live as long as
-/// `ebpf`).
-pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), SamplingError> {
+/// Loads the off-CPU programs (before the maps they use may close).
+pub(super) fn load(ebpf: &mut Ebpf) -> Result<(), SamplingError> {
     let btf = Btf::from_sys_fs().map_err(|e| SamplingError::OffCpuBtf(error_chain(&e)))?;
     for (name, tracepoint) in PROGRAMS {
-        let refused = |e: aya::programs::ProgramError| {
-            let message = error_chain(&e);
-            let permission_denied = message.contains("Operation not permitted")
-                || message.contains("Permission denied");
-            SamplingError::OffCpuProgram {
-                tracepoint,
-                message,
-                permission_denied,
-            }
-        };
-        let program: &mut BtfTracePoint = ebpf
-            .program_mut(name)
-            .ok_or(SamplingError::MissingProgram(name))?
-            .try_into()
-            .map_err(refused)?;
-        program.load(tracepoint, &btf).map_err(refused)?;
-        program.attach().map_err(refused)?;
+        program(ebpf, name, tracepoint)?
+            .load(tracepoint, &btf)
+            .map_err(refused(tracepoint))?;
     }
     Ok(())
+}
+
+/// Attaches the loaded off-CPU programs (the links live as long as
+/// `ebpf`).
+pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), SamplingError> {
+    for (name, tracepoint) in PROGRAMS {
+        program(ebpf, name, tracepoint)?
+            .attach()
+            .map_err(refused(tracepoint))?;
+    }
+    Ok(())
+}
+
+fn program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+    tracepoint: &'static str,
+) -> Result<&'a mut BtfTracePoint, SamplingError> {
+    ebpf.program_mut(name)
+        .ok_or(SamplingError::MissingProgram(name))?
+        .try_into()
+        .map_err(refused(tracepoint))
+}
+
+/// The error of a program the kernel refused on `tracepoint`.
+fn refused(tracepoint: &'static str) -> impl Fn(aya::programs::ProgramError) -> SamplingError {
+    move |e| {
+        let message = error_chain(&e);
+        let permission_denied =
+            message.contains("Operation not permitted") || message.contains("Permission denied");
+        SamplingError::OffCpuProgram {
+            tracepoint,
+            message,
+            permission_denied,
+        }
+    }
 }
 
 #[cfg(test)]
