@@ -7,7 +7,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use profiler_runtime_hotspot::code::JvmCode;
+use profiler_runtime_hotspot::code::{JvmCode, Target};
 use profiler_runtime_hotspot::layout::{CodeStart, DebugInfo, JvmLayout};
 use profiler_runtime_hotspot::stream::{self, Encoding, Stream};
 use profiler_runtime_hotspot::vmstructs::{SYMBOLS, VmStructs};
@@ -93,8 +93,9 @@ fuzz_target!(|data: &[u8]| {
             symbol_length: small(54),
             symbol_body: small(3),
         };
-        let mut code = JvmCode::new(layout);
-        let _ = code.interpreted(&memory, at(1), at(2));
-        let _ = code.compiled(&memory, at(3), other as u32, (other >> 32) as u32, word & 1 == 0);
+        let mut code = JvmCode::default();
+        let target = Target { pid: 1, layout: &layout };
+        let _ = code.interpreted(target, &memory, at(1), at(2));
+        let _ = code.compiled(target, &memory, at(3), other as u32, (other >> 32) as u32, word & 1 == 0);
     }
 });

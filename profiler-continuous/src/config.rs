@@ -74,6 +74,11 @@ pub struct Config {
     /// Kernel memory for unwind-table rows, in MiB (allocated at start;
     /// beyond it the least recently sampled tables are evicted).
     pub unwind_table_mib: u64,
+    /// Memory for what the runtimes keep of processes' memory (Python
+    /// code objects and line tables, Java methods and their debug
+    /// information), in MiB over every process; a process that forges
+    /// its runtime's state evicts its own entries first.
+    pub runtime_cache_mib: u64,
     /// Also record off-CPU time (see `sampling::OffCpuConfig`).
     pub off_cpu: bool,
     /// Also export a wall-clock profile per service per window (`wall`;
@@ -237,6 +242,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             frame_pointers_only: false,
             unwind_table_mib: profiler_sampling::sampler::DEFAULT_UNWIND_TABLE_BYTES >> 20,
+            runtime_cache_mib: profiler_runtimes::cache::DEFAULT_BUDGET_BYTES >> 20,
             off_cpu: false,
             wall: false,
             off_cpu_min: profiler_sampling::sampler::DEFAULT_OFF_CPU_MIN,
@@ -293,6 +299,9 @@ impl Config {
         }
         if self.window < Duration::from_secs(1) {
             return invalid("window", "must be at least 1s");
+        }
+        if !(1..=65536).contains(&self.runtime_cache_mib) {
+            return invalid("runtime_cache_mib", "must be between 1 and 65536");
         }
         if self.off_cpu_period() > Duration::from_secs(3600) {
             return invalid("off_cpu_period", "must be at most 1h");

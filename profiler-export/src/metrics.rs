@@ -67,6 +67,9 @@ pub struct Metrics {
     pub probes_failed: AtomicU64,
     /// The configured probes' families, rendered by the run loop.
     pub probe_text: std::sync::Mutex<String>,
+    /// The runtime caches' families (bytes against the budget,
+    /// evictions), rendered by the run loop.
+    pub cache_text: std::sync::Mutex<String>,
     /// Microseconds spent building windows (symbolize, label, encode).
     pub window_build_micros: AtomicU64,
     pub kubernetes_watch_events: AtomicU64,
@@ -154,6 +157,7 @@ impl Metrics {
         self.render_scalars(&mut out);
         self.render_families(&mut out);
         self.render_runtimes(&mut out);
+        out.push_str(&self.cache_text.lock().unwrap_or_else(|e| e.into_inner()));
         self.render_gauges(&mut out);
         self.render_exporters(&mut out);
         out.push_str(&self.probe_text.lock().unwrap_or_else(|e| e.into_inner()));

@@ -14,13 +14,13 @@
 //! are bounded, chains must move backwards, a method whose bytecode does
 //! not hold the frame's bytecode pointer is not believed.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use profiler_symbolize::{Frame, NameSource};
 
 use super::layout::{DebugInfo, JvmLayout};
 use super::stream::{self, Encoding, Stream};
+use profiler_runtime::cache::{Cache, Weigh};
 use profiler_runtime::memory::Memory;
 
 /// Inlined methods followed per PC (C2 inlines at most 15 deep).
@@ -102,44 +102,94 @@ struct Compiled {
     metadata: u64,
 }
 
-/// One JVM's frames, named and cached.
+impl Weigh for PcDesc {
+    fn weigh(&self) -> usize {
+        0
+    }
+}
+
+impl Weigh for Compiled {
+    fn weigh(&self) -> usize {
+        self.pcs.weigh() + self.scopes.weigh()
+    }
+}
+
+impl Weigh for MethodInfo {
+    fn weigh(&self) -> usize {
+        self.class.weigh()
+            + self.name.weigh()
+            + self.signature.weigh()
+            + self.source.weigh()
+            + self.lines.weigh()
+    }
+}
+
+/// The JVM a frame is of: its pid (the caches' key) and its layout.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub pid: u32,
+    pub layout: &'a JvmLayout,
+}
+
+/// The JVMs' frames, named and cached within the runtime caches' budget
+/// (`profiler_runtime::cache`): a forged JVM with thousands of compiled
+/// methods of megabytes of debug information each evicts its own entries.
 pub struct JvmCode {
-    pub layout: JvmLayout,
-    methods: HashMap<u64, Arc<MethodInfo>>,
-    compiled: HashMap<(u64, u32), Option<Arc<Compiled>>>,
-    blob_names: HashMap<u64, String>,
+    methods: Cache<u64, Arc<MethodInfo>>,
+    compiled: Cache<(u64, u32), Option<Arc<Compiled>>>,
+    blob_names: Cache<u64, String>,
+}
+
+impl Default for JvmCode {
+    fn default() -> Self {
+        JvmCode {
+            methods: Cache::new("hotspot", "methods", 15),
+            // PC descriptors and scope records: the most per entry.
+            compiled: Cache::new("hotspot", "compiled_methods", 25),
+            blob_names: Cache::new("hotspot", "blob_names", 5),
+        }
+    }
 }
 
 impl JvmCode {
-    pub fn new(layout: JvmLayout) -> Self {
-        JvmCode {
-            layout,
-            methods: HashMap::new(),
-            compiled: HashMap::new(),
-            blob_names: HashMap::new(),
-        }
+    /// Forgets the processes `keep` says are gone.
+    pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
+        self.methods.retain_processes(&keep);
+        self.compiled.retain_processes(&keep);
+        self.blob_names.retain_processes(&keep);
     }
 
     /// The method at `method` (cached while its `ConstMethod*` stays the
     /// same: a class unloaded and its memory reused is read again).
-    pub fn method(&mut self, memory: &impl Memory, method: u64) -> Option<Arc<MethodInfo>> {
+    pub fn method(
+        &mut self,
+        target: Target<'_>,
+        memory: &impl Memory,
+        method: u64,
+    ) -> Option<Arc<MethodInfo>> {
         let const_method = memory
-            .u64(method.wrapping_add(self.layout.method_const))
+            .u64(method.wrapping_add(target.layout.method_const))
             .ok()?;
-        if let Some(info) = self.methods.get(&method)
+        if let Some(info) = self.methods.get(target.pid, &method)
             && info.const_method == const_method
         {
-            return Some(info.clone());
+            return Some(info);
         }
-        let info = Arc::new(read_method(memory, &self.layout, const_method)?);
-        self.methods.insert(method, info.clone());
+        let info = Arc::new(read_method(memory, target.layout, const_method)?);
+        self.methods.insert(target.pid, method, info.clone());
         Some(info)
     }
 
     /// An interpreted frame: `bcp` in the method's bytecodes gives its
     /// index (0 in a native method's frame: no line).
-    pub fn interpreted(&mut self, memory: &impl Memory, method: u64, bcp: u64) -> Vec<Frame> {
-        let Some(info) = self.method(memory, method) else {
+    pub fn interpreted(
+        &mut self,
+        target: Target<'_>,
+        memory: &impl Memory,
+        method: u64,
+        bcp: u64,
+    ) -> Vec<Frame> {
+        let Some(info) = self.method(target, memory, method) else {
             return vec![unnamed("[java: method unreadable]")];
         };
         let bci = bcp
@@ -155,13 +205,14 @@ impl JvmCode {
     /// return address (looked up exactly).
     pub fn compiled(
         &mut self,
+        target: Target<'_>,
         memory: &impl Memory,
         blob: u64,
         compile_id: u32,
         offset: u32,
         exact: bool,
     ) -> Vec<Frame> {
-        let name = self.blob_name(memory, blob);
+        let name = self.blob_name(target, memory, blob);
         let Some(name) = name else {
             return vec![unnamed("[java: code blob unreadable]")];
         };
@@ -172,7 +223,7 @@ impl JvmCode {
             return vec![unnamed(&format!("[jvm] {name}"))];
         }
         let id = memory
-            .u32(blob.wrapping_add(self.layout.nmethod_compile_id))
+            .u32(blob.wrapping_add(target.layout.nmethod_compile_id))
             .ok();
         if id != Some(compile_id) {
             // The blob was freed (and maybe reused) since the sample.
@@ -180,15 +231,15 @@ impl JvmCode {
         }
         let compiled = self
             .compiled
-            .entry((blob, compile_id))
-            .or_insert_with(|| read_compiled(memory, &self.layout, blob).map(Arc::new))
-            .clone();
+            .get_or_insert_with(target.pid, (blob, compile_id), || {
+                read_compiled(memory, target.layout, blob).map(Arc::new)
+            });
         let Some(compiled) = compiled else {
             return vec![unnamed("[java: compiled method unreadable]")];
         };
         let scopes = match find_pc(&compiled.pcs, offset, exact) {
             Some(pc) if pc.scope > 0 => {
-                scope_chain(&compiled.scopes, pc.scope, self.layout.encoding)
+                scope_chain(&compiled.scopes, pc.scope, target.layout.encoding)
             }
             _ => Vec::new(),
         };
@@ -197,7 +248,7 @@ impl JvmCode {
             let Some(method) = metadata_at(memory, compiled.metadata, metadata_index) else {
                 break;
             };
-            let Some(info) = self.method(memory, method) else {
+            let Some(info) = self.method(target, memory, method) else {
                 break;
             };
             frames.push(info.frame(Some(bci), i + 1 < scopes.len()));
@@ -205,7 +256,7 @@ impl JvmCode {
         // No scope at that PC (or one that did not read): the method
         // holding the code, without a line.
         if frames.is_empty() {
-            let Some(info) = self.method(memory, compiled.method) else {
+            let Some(info) = self.method(target, memory, compiled.method) else {
                 return vec![unnamed("[java: method unreadable]")];
             };
             frames.push(info.frame(None, false));
@@ -215,13 +266,15 @@ impl JvmCode {
 
     /// A blob's name (`CodeBlob::_name`: "nmethod", "StubRoutines (1)",
     /// "I2C/C2I adapters", ...).
-    fn blob_name(&mut self, memory: &impl Memory, blob: u64) -> Option<String> {
-        let pointer = memory.u64(blob.wrapping_add(self.layout.blob_name)).ok()?;
-        if let Some(name) = self.blob_names.get(&pointer) {
-            return Some(name.clone());
+    fn blob_name(&mut self, target: Target<'_>, memory: &impl Memory, blob: u64) -> Option<String> {
+        let pointer = memory
+            .u64(blob.wrapping_add(target.layout.blob_name))
+            .ok()?;
+        if let Some(name) = self.blob_names.get(target.pid, &pointer) {
+            return Some(name);
         }
         let name = memory.c_string(pointer, 128).ok()?;
-        self.blob_names.insert(pointer, name.clone());
+        self.blob_names.insert(target.pid, pointer, name.clone());
         Some(name)
     }
 }

@@ -22,8 +22,6 @@ pub mod registry;
 pub mod stream;
 pub mod vmstructs;
 
-use std::collections::HashMap;
-
 use aya::Ebpf;
 use profiler_common::runtimes::RUNTIME_HOTSPOT;
 use profiler_common::runtimes::hotspot::{
@@ -32,7 +30,8 @@ use profiler_common::runtimes::hotspot::{
 };
 use profiler_symbolize::{Frame, NameSource};
 
-use code::JvmCode;
+use code::{JvmCode, Target};
+use profiler_runtime::cache::Cache;
 use profiler_runtime::memory::ProcessMemory;
 use profiler_runtime::{Registry, Runtime, RuntimeError, Shared};
 use registry::{JvmInstance, JvmRegistry};
@@ -88,14 +87,23 @@ impl Runtime for HotSpot {
     }
 }
 
-/// Java frames of a run's stacks, named per process.
-#[derive(Default)]
+/// Java frames of a run's stacks, named per process, within the runtime
+/// caches' budget (`profiler_runtime::cache`).
 pub struct JvmFrames {
-    processes: HashMap<u32, JvmCode>,
+    code: JvmCode,
     /// Compiled frames as named, by their words (which hold the blob's
     /// compile id: a freed and reused blob has other words). Interpreted
     /// frames are not kept: their method is checked again each time.
-    compiled: HashMap<(u32, u64, u64), Vec<Frame>>,
+    compiled: Cache<(u64, u64), Vec<Frame>>,
+}
+
+impl Default for JvmFrames {
+    fn default() -> Self {
+        JvmFrames {
+            code: JvmCode::default(),
+            compiled: Cache::new("hotspot", "frames", 10),
+        }
+    }
 }
 
 impl JvmFrames {
@@ -116,19 +124,20 @@ impl JvmFrames {
             return vec![named("[java] (process not registered)")];
         };
         if kind == JVM_KIND_COMPILED
-            && let Some(frames) = self.compiled.get(&(jvm.pid, payload, second))
+            && let Some(frames) = self.compiled.get(jvm.pid, &(payload, second))
         {
-            return frames.clone();
+            return frames;
         }
-        let code = self
-            .processes
-            .entry(jvm.pid)
-            .or_insert_with(|| JvmCode::new(jvm.layout.clone()));
+        let target = Target {
+            pid: jvm.pid,
+            layout: &jvm.layout,
+        };
         let memory = ProcessMemory::new(jvm.pid);
         if kind == JVM_KIND_INTERPRETED {
-            code.interpreted(&memory, address, second)
+            self.code.interpreted(target, &memory, address, second)
         } else {
-            let frames = code.compiled(
+            let frames = self.code.compiled(
+                target,
                 &memory,
                 address,
                 (second >> 32) as u32,
@@ -136,15 +145,15 @@ impl JvmFrames {
                 exact,
             );
             self.compiled
-                .insert((jvm.pid, payload, second), frames.clone());
+                .insert(jvm.pid, (payload, second), frames.clone());
             frames
         }
     }
 
     /// Forgets the processes `keep` says are gone.
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
-        self.processes.retain(|pid, _| keep(*pid));
-        self.compiled.retain(|(pid, _, _), _| keep(*pid));
+        self.code.retain(&keep);
+        self.compiled.retain_processes(&keep);
     }
 }
 

@@ -9,13 +9,13 @@
 //! `PyCode_Type`); names are cut at `MAX_NAME` characters and line tables
 //! at `MAX_LINE_TABLE` bytes: a process can forge any of it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use profiler_symbolize::{Frame, NameSource};
 
 use super::layout::Layout;
 use super::linetable;
+use profiler_runtime::cache::{Cache, Weigh};
 use profiler_runtime::memory::{Memory, ProcessMemory};
 
 /// Characters of a name or file kept (longer ones end in "…").
@@ -174,33 +174,50 @@ impl Interpreter {
 }
 
 /// Python frames of one run, named as they are first seen (while their
-/// process lives) and kept for the profiles built later.
-#[derive(Default)]
+/// process lives) and kept for the profiles built later, within the
+/// runtime caches' budget (`profiler_runtime::cache`): a process that
+/// forges thousands of code objects with huge line tables evicts its own
+/// entries, it cannot grow the agent.
 pub struct PythonFrames {
-    codes: HashMap<(u32, u64), Option<Arc<CodeObject>>>,
-    frames: HashMap<(u32, u64, u64), Frame>,
+    codes: Cache<u64, Option<Arc<CodeObject>>>,
+    frames: Cache<(u64, u64), Frame>,
     /// Code objects that could not be read (each named as unreadable).
     pub unreadable: u64,
+}
+
+impl Default for PythonFrames {
+    fn default() -> Self {
+        PythonFrames {
+            // Code objects hold the line tables: most of what is kept.
+            codes: Cache::new("cpython", "code_objects", 25),
+            frames: Cache::new("cpython", "frames", 10),
+            unreadable: 0,
+        }
+    }
+}
+
+impl Weigh for CodeObject {
+    fn weigh(&self) -> usize {
+        self.name.weigh() + self.file.weigh() + self.line_table.weigh()
+    }
 }
 
 impl PythonFrames {
     /// The frame of a code object and instruction of process `pid`.
     pub fn frame(&mut self, interpreter: &Interpreter, code: u64, instruction: u64) -> Frame {
         let pid = interpreter.pid;
-        if let Some(frame) = self.frames.get(&(pid, code, instruction)) {
-            return frame.clone();
+        if let Some(frame) = self.frames.get(pid, &(code, instruction)) {
+            return frame;
         }
         let object = self
             .codes
-            .entry((pid, code))
-            .or_insert_with(|| match interpreter.code(code) {
+            .get_or_insert_with(pid, code, || match interpreter.code(code) {
                 Ok(object) => Some(Arc::new(object)),
                 Err(error) => {
                     tracing::debug!(pid, "Python frame: {error}");
                     None
                 }
-            })
-            .clone();
+            });
         let frame = match object {
             Some(object) => Frame {
                 function: object.name.clone(),
@@ -222,13 +239,18 @@ impl PythonFrames {
                     .from_source(NameSource::Runtime("cpython"))
             }
         };
-        self.frames.insert((pid, code, instruction), frame.clone());
+        self.frames.insert(pid, (code, instruction), frame.clone());
         frame
     }
 
     /// Forgets the frames of processes `keep` says are gone.
     pub fn retain(&mut self, keep: impl Fn(u32) -> bool) {
-        self.codes.retain(|(pid, _), _| keep(*pid));
-        self.frames.retain(|(pid, _, _), _| keep(*pid));
+        self.codes.retain_processes(&keep);
+        self.frames.retain_processes(&keep);
+    }
+
+    /// Bytes kept (both caches).
+    pub fn kept_bytes(&self) -> usize {
+        self.codes.used() + self.frames.used()
     }
 }

@@ -225,24 +225,38 @@ impl Layout {
         Ok(layout)
     }
 
-    /// What the BPF walker is given.
-    pub fn for_bpf(&self) -> PyProcess {
-        let offset = |o: Option<u64>| o.map_or(PyProcess::NONE, |o| o as u16);
-        PyProcess {
+    /// What the BPF walker is given. Each offset must fit the `u16` the
+    /// walker stores it in, below `PyProcess::NONE` (which means "no such
+    /// field"): a forged 65536 would otherwise become 0 and the walker
+    /// read a field the layout never named.
+    pub fn for_bpf(&self) -> Result<PyProcess, LayoutError> {
+        let field = |name: &str, o: u64| {
+            u16::try_from(o)
+                .ok()
+                .filter(|&o| o < PyProcess::NONE)
+                .ok_or_else(|| {
+                    LayoutError::DebugOffsets(format!(
+                        "{name} = {o} does not fit the walker's 16-bit offsets"
+                    ))
+                })
+        };
+        let optional =
+            |name: &str, o: Option<u64>| o.map_or(Ok(PyProcess::NONE), |o| field(name, o));
+        Ok(PyProcess {
             layout: self.frame_layout,
             owner_entry: self.owner_entry,
             minor: self.minor,
             _pad: 0,
-            thread_frame: self.thread_frame as u16,
-            cframe_frame: offset(self.cframe_frame),
-            frame_previous: self.frame_previous as u16,
-            frame_code: self.frame_code as u16,
-            frame_instr: self.frame_instr as u16,
-            frame_owner: offset(self.frame_owner),
-            frame_is_entry: offset(self.frame_is_entry),
+            thread_frame: field("thread_state.current_frame", self.thread_frame)?,
+            cframe_frame: optional("cframe.current_frame", self.cframe_frame)?,
+            frame_previous: field("interpreter_frame.previous", self.frame_previous)?,
+            frame_code: field("interpreter_frame.executable", self.frame_code)?,
+            frame_instr: field("interpreter_frame.instr_ptr", self.frame_instr)?,
+            frame_owner: optional("interpreter_frame.owner", self.frame_owner)?,
+            frame_is_entry: optional("interpreter_frame.is_entry", self.frame_is_entry)?,
             _pad2: 0,
             code_tag_bits: self.code_tag_bits,
-        }
+        })
     }
 
     /// Reads `_Py_DebugOffsets` at `runtime` (the address of `_PyRuntime`)
@@ -318,9 +332,10 @@ impl Layout {
         let value = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
         let values: Vec<u64> = fields.iter().map(|&(at, _)| value(at)).collect();
         // A struct a process forged (or a build we do not know) could hold
-        // anything: offsets are inside the structs they name.
+        // anything: offsets are inside the structs they name, and each fits
+        // the 16 bits the walker keeps it in (`PyProcess::NONE` excluded).
         for (&(_, name), &v) in fields.iter().zip(&values) {
-            if v > 1 << 16 {
+            if v >= u64::from(PyProcess::NONE) {
                 return Err(LayoutError::DebugOffsets(format!(
                     "{name} = {v} is not an offset"
                 )));
@@ -432,7 +447,7 @@ mod tests {
     fn every_supported_minor_has_a_table_the_walker_can_read() {
         for minor in 10..=14 {
             let layout = Layout::table(minor).unwrap();
-            let bpf = layout.for_bpf();
+            let bpf = layout.for_bpf().unwrap();
             assert_eq!(bpf.minor, minor);
             for offset in [bpf.frame_previous, bpf.frame_code, bpf.frame_instr] {
                 assert!(offset as usize + 8 <= 112, "3.{minor}: {offset}");
@@ -440,5 +455,45 @@ mod tests {
         }
         assert_eq!(Layout::table(15), Err(LayoutError::UnknownMinor(15)));
         assert_eq!(Layout::table(9), Err(LayoutError::UnknownMinor(9)));
+    }
+
+    /// 3.13's `_Py_DebugOffsets` with every field 8 but the thread's
+    /// `current_frame` (read at byte 184).
+    fn debug_offsets(current_frame: u64) -> profiler_runtime::memory::ImageMemory {
+        let mut bytes = vec![0u8; 648];
+        bytes[..8].copy_from_slice(b"xdebugpy");
+        bytes[8..16].copy_from_slice(&0x030d_00f0u64.to_le_bytes());
+        for at in (40..648).step_by(8) {
+            bytes[at..at + 8].copy_from_slice(&8u64.to_le_bytes());
+        }
+        bytes[184..192].copy_from_slice(&current_frame.to_le_bytes());
+        profiler_runtime::memory::ImageMemory {
+            base: 0x1000,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn offsets_the_walker_cannot_hold_are_refused_not_truncated() {
+        // The largest offset a u16 holds beside `NONE` is kept as it is.
+        let layout = Layout::from_debug_offsets(&debug_offsets(65534), 0x1000).unwrap();
+        assert_eq!(layout.for_bpf().unwrap().thread_frame, 65534);
+        // `NONE` itself, 65536 (which a cast made 0) and beyond are not.
+        for forged in [65535, 65536, 1 << 32, u64::MAX] {
+            let refused = Layout::from_debug_offsets(&debug_offsets(forged), 0x1000);
+            assert!(
+                matches!(&refused, Err(LayoutError::DebugOffsets(m)) if m.contains("current_frame")),
+                "{forged}: {refused:?}"
+            );
+        }
+        // A layout built any other way is checked again on its way out.
+        let mut layout = Layout::table(13).unwrap();
+        layout.thread_frame = 65536;
+        assert!(layout.for_bpf().is_err());
+        layout.thread_frame = 65535;
+        assert!(layout.for_bpf().is_err());
+        layout.thread_frame = 65534;
+        layout.frame_owner = Some(1 << 16);
+        assert!(layout.for_bpf().is_err());
     }
 }

@@ -284,8 +284,11 @@ impl State {
                 object.path.display()
             ));
         }
+        let walker = layout
+            .for_bpf()
+            .map_err(|e| format!("{}: Python {version}: {e}", object.path.display()))?;
         self.process_map
-            .insert(pid, layout.for_bpf(), 0)
+            .insert(pid, walker, 0)
             .map_err(|e| format!("PY_PROCESSES: {e}"))?;
         if let Ok(mut processes) = self.processes.write() {
             processes.insert(pid, process.clone());

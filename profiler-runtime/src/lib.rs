@@ -23,6 +23,7 @@
 //! [`RuntimeRegistry`] and [`RuntimeFrames`] are what the products hold:
 //! every selected runtime's registry and frame namer, asked in turn.
 
+pub mod cache;
 pub mod loading;
 pub mod memory;
 pub mod objects;
@@ -340,6 +341,7 @@ impl RuntimeRegistry {
             };
             lines.extend(registry.report(&counts));
         }
+        lines.extend(cache::report());
         lines
     }
 

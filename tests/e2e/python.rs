@@ -599,7 +599,7 @@ fn forged_interpreter_memory_is_bounded_and_marked() {
     require_bpf_privileges();
     let dir = tempfile::tempdir().unwrap();
     let fake = build_fake_cpython(dir.path());
-    for mode in ["loop", "offsets", "threads"] {
+    for mode in ["loop", "offsets", "wide", "threads"] {
         let mut child = Command::new(&fake)
             .args([mode, "8"])
             .stdout(Stdio::piped())
@@ -656,10 +656,97 @@ fn forged_interpreter_memory_is_bounded_and_marked() {
                 );
                 assert!(names.contains("_PyEval_EvalFrameDefault"), "{names:?}");
             }
+            "wide" => {
+                // 65536 does not fit the walker's 16 bits: refused, not
+                // truncated to 0 (which reads a field the layout never
+                // named).
+                assert!(
+                    report.contains("thread_state.current_frame = 65536 is not an offset"),
+                    "{report}"
+                );
+                assert!(names.contains("_PyEval_EvalFrameDefault"), "{names:?}");
+            }
             _ => {
                 // The looping list is read once round: one thread.
                 assert!(report.contains("1 threads"), "{report}");
             }
         }
     }
+}
+
+/// A process that moves its frame over 4096 forged code objects, each
+/// claiming a 1 GiB line table (256 KiB of it readable): kept without a
+/// bound, what the agent reads of them grows it by hundreds of MiB (1 GiB
+/// at 4096 objects before the budget). Within the runtime caches' budget
+/// the process evicts its own entries: the agent stays small, the target
+/// lives, its frames are named and its native frames kept.
+#[test]
+fn forged_code_objects_cannot_grow_the_agent() {
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = build_fake_cpython(dir.path());
+    let mut child = Command::new(&fake)
+        .args(["codes", "20"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    let out = dir.path().join("codes.pb.gz");
+    let watched = profiler_tests::agent::record_watched(&[
+        "--pid",
+        &child.id().to_string(),
+        "-F",
+        "1000",
+        "-d",
+        "3s",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let alive = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let _ = child.wait();
+    let report = &watched.report;
+    println!(
+        "peak RSS {} MiB in {:?}\n{report}",
+        watched.peak_kib / 1024,
+        watched.took
+    );
+    assert!(alive, "the forging process died");
+    let stacks = RawProfile::read(&out).lined_stacks();
+    let total: i64 = stacks.iter().map(|s| s.count).sum();
+    assert!(total >= 1000, "{total} samples\n{report}");
+    // Its Python frames are named, and its native frames are kept.
+    let count = |keep: &dyn Fn(&str) -> bool| -> i64 {
+        stacks
+            .iter()
+            .filter(|s| s.frames.iter().any(|(l, _)| keep(&l.function)))
+            .map(|s| s.count)
+            .sum()
+    };
+    let named = count(&|f| f == "forged");
+    let native = count(&|f| f == "main");
+    assert!(named * 2 >= total, "{named} of {total} named\n{report}");
+    assert!(
+        native * 10 >= total * 8,
+        "{native} of {total} reach main\n{report}"
+    );
+    // Far more was read than the cache may keep: it evicted, and the
+    // report says so.
+    let evicted: u64 = report
+        .split("cpython code_objects: ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no eviction of code objects reported:\n{report}"));
+    assert!(evicted > 100, "{evicted} evicted\n{report}");
+    assert!(
+        watched.peak_kib < 200 * 1024,
+        "the agent grew to {} MiB\n{report}",
+        watched.peak_kib / 1024
+    );
 }

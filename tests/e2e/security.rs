@@ -481,39 +481,16 @@ fn build_id_hex(path: &Path) -> String {
 /// Runs `record` on `pid` for 3 s, polling the agent's peak RSS; returns
 /// its stderr, the profile and the peak RSS in KiB.
 fn record_watched(pid: u32, out: &Path) -> (String, u64, Duration) {
-    let started = Instant::now();
-    let mut child = Command::new(agent_bin())
-        .args(["--pid", &pid.to_string(), "--duration", "3s", "-q", "-o"])
-        .arg(out)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut peak = 0;
-    while child.try_wait().unwrap().is_none() {
-        if let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", child.id())) {
-            let hwm = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .unwrap_or(0);
-            peak = peak.max(hwm);
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the profile did not end"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    (stderr, peak, started.elapsed())
+    let watched = profiler_tests::agent::record_watched(&[
+        "--pid",
+        &pid.to_string(),
+        "--duration",
+        "3s",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    (watched.report, watched.peak_kib, watched.took)
 }
 
 /// A "container" (a chroot) whose build-id debug path is an absolute

@@ -78,6 +78,65 @@ pub fn record(args: &[&str]) -> String {
     stderr
 }
 
+/// A `record` run watched from outside: its report (stderr), its peak
+/// resident memory and how long it took.
+pub struct Watched {
+    pub report: String,
+    pub peak_kib: u64,
+    pub took: Duration,
+}
+
+/// Runs `record` with `args`, polling the agent's peak RSS (`VmHWM`)
+/// until it exits; fails if it runs past a minute or fails.
+pub fn record_watched(args: &[&str]) -> Watched {
+    use std::io::Read;
+    let started = std::time::Instant::now();
+    let mut child = Command::new(agent_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The report is read on a thread of its own: a long one must not
+    // block the agent on a full pipe while it is polled.
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let mut peak = 0;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if let Ok(status) = std::fs::read_to_string(format!("/proc/{}/status", child.id())) {
+            let hwm = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0);
+            peak = peak.max(hwm);
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("profiler-agent {args:?} did not end within a minute");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let report = reader.join().unwrap();
+    assert!(
+        status.success(),
+        "profiler-agent {args:?} failed ({status}): {report}"
+    );
+    Watched {
+        report,
+        peak_kib: peak,
+        took: started.elapsed(),
+    }
+}
+
 /// Fails unless the agent's end-of-run `report` counts frames unwound
 /// through signal frames ("N through signal frames").
 pub fn assert_signal_frames_walked(report: &str) {

@@ -99,6 +99,13 @@ pub fn run(args: &GoroutinesArgs) -> anyhow::Result<()> {
             format!("; {} unreadable", goroutines.unreadable)
         } else {
             String::new()
+        } + &if goroutines.malformed > 0 {
+            format!(
+                "; {} malformed (impossible values, as a forged or corrupt runtime holds)",
+                goroutines.malformed
+            )
+        } else {
+            String::new()
         } + &if goroutines.torn > 0 {
             format!(
                 "; {} changed while read (shown as last read)",

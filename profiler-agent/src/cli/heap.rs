@@ -70,7 +70,12 @@ pub fn run(args: &HeapArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report(args: &HeapArgs, target: &GoTarget, profile: &Profile, skipped: usize) {
+fn report(
+    args: &HeapArgs,
+    target: &GoTarget,
+    profile: &Profile,
+    skipped: profiler_runtimes::go::state::heap::Skipped,
+) {
     let total = |i: usize| -> i64 {
         profile
             .samples
@@ -91,8 +96,18 @@ fn report(args: &HeapArgs, target: &GoTarget, profile: &Profile, skipped: usize)
         profile.samples.len(),
         bytes(profile.period_ns),
     );
-    if skipped > 0 {
-        eprintln!("  {skipped} records could not be read (the process changed them while read)");
+    if skipped.malformed > 0 {
+        eprintln!(
+            "  {} records malformed: impossible values (a stack of 2^32 frames, not a heap \
+             record), as a forged or corrupt runtime holds; left out",
+            skipped.malformed
+        );
+    }
+    if skipped.unreadable > 0 {
+        eprintln!(
+            "  {} records not in the process's memory; left out",
+            skipped.unreadable
+        );
     }
     let mut sites: Vec<(&str, i64)> = Vec::new();
     for sample in &profile.samples {

@@ -108,6 +108,14 @@ pub struct RecordArgs {
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub unwind_table_mib: u64,
 
+    /// Memory for what the runtimes keep of processes' memory (Python code
+    /// objects and line tables, Java methods and their debug information),
+    /// in MiB over every process: a process that forges its runtime's
+    /// state evicts its own entries first and cannot grow the agent.
+    #[arg(long, default_value_t = profiler_runtimes::cache::DEFAULT_BUDGET_BYTES >> 20,
+          value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub runtime_cache_mib: u64,
+
     /// Also record where threads wait: time off the CPU (blocked on sleep,
     /// locks, network, disk, page faults; and runnable, waiting for a CPU)
     /// with its stacks, labelled `wait=<reason>`. pprof gets the sample

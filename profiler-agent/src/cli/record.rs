@@ -46,6 +46,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
         go_labels: args.go_labels_config(),
     };
     args.debuginfod.configure();
+    profiler_runtimes::cache::set_budget(args.runtime_cache_mib << 20);
     let mut recorder = Recorder::start(&config)?;
     let status = !args.quiet && std::io::stderr().is_terminal();
     let scope = if pids.is_empty() {

@@ -157,6 +157,7 @@ pub(super) fn update(
     if probes.attached() > 0 {
         *m.probe_text.lock().unwrap_or_else(|e| e.into_inner()) = probes.render();
     }
+    *m.cache_text.lock().unwrap_or_else(|e| e.into_inner()) = runtime_caches();
     m.metadata_cache_entries.store(meta.len() as u64, Relaxed);
     if let Some(watcher) = pods {
         let stats = &watcher.stats;
@@ -170,4 +171,65 @@ pub(super) fn update(
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     m.heartbeat_unix.store(now, Relaxed);
+}
+
+/// The runtime caches' families: what each keeps against the budget
+/// (`runtime_cache_mib`), and what it gave up.
+fn runtime_caches() -> String {
+    use profiler_runtimes::cache;
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# HELP profiler_agent_runtime_cache_budget_bytes What the runtimes' caches may keep in all (runtime_cache_mib).\n\
+         # TYPE profiler_agent_runtime_cache_budget_bytes gauge\n\
+         profiler_agent_runtime_cache_budget_bytes {}",
+        cache::budget()
+    );
+    type Family = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&cache::CacheStats) -> u64,
+    );
+    let families: [Family; 4] = [
+        (
+            "profiler_agent_runtime_cache_bytes",
+            "gauge",
+            "Bytes a runtime's cache keeps of what it read from processes.",
+            cache::CacheStats::used,
+        ),
+        (
+            "profiler_agent_runtime_cache_entries",
+            "gauge",
+            "Entries a runtime's cache keeps.",
+            cache::CacheStats::entries,
+        ),
+        (
+            "profiler_agent_runtime_cache_evictions_total",
+            "counter",
+            "Entries evicted to keep a cache within its share of the budget.",
+            cache::CacheStats::evicted,
+        ),
+        (
+            "profiler_agent_runtime_cache_refused_total",
+            "counter",
+            "Values used once and not kept: larger than a process may hold, or the budget full.",
+            cache::CacheStats::refused,
+        ),
+    ];
+    let all = cache::stats();
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for s in &all {
+            let _ = writeln!(
+                out,
+                "{name}{{runtime=\"{}\",cache=\"{}\"}} {}",
+                s.runtime,
+                s.name,
+                value(s)
+            );
+        }
+    }
+    out
 }

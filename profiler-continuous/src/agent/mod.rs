@@ -73,6 +73,7 @@ impl Agent {
     /// Starts the exporters, the sampler and the listener.
     pub fn start(config: Config, metrics: Arc<Metrics>) -> Result<Agent, RunError> {
         let exporters = start_exporters(&config, &metrics)?;
+        profiler_runtimes::cache::set_budget(config.runtime_cache_mib << 20);
         let sampling = SamplingConfig {
             frequency_hz: config.frequency_hz,
             pids: config.pids.clone(),

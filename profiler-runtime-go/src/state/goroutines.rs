@@ -41,6 +41,9 @@ const MAX_LABELS: u64 = 64;
 const MAX_TEXT: u64 = 4096;
 /// `g` bytes read: every field used lies before this, in every version.
 const G_BYTES: usize = 368;
+/// The largest goroutine stack Go allows (`maxstacksize`, 1 GB on 64-bit
+/// systems): a larger one was forged.
+const MAX_STACK_BYTES: u64 = 1 << 30;
 
 /// One goroutine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,6 +134,9 @@ enum Entry {
     Dead,
     /// One of the runtime's own.
     System,
+    /// Impossible values (a status Go does not have, a stack past Go's
+    /// 1 GB limit): a forged or corrupt runtime, not a race.
+    Malformed,
     User(Goroutine),
 }
 
@@ -142,6 +148,9 @@ pub struct Goroutines {
     pub system: usize,
     /// Entries that could not be read.
     pub unreadable: usize,
+    /// Entries with impossible values (a status Go does not have, a stack
+    /// past Go's 1 GB limit): forged or corrupt, left out.
+    pub malformed: usize,
     /// Goroutines still changing after three reads: shown as last read.
     pub torn: usize,
     /// The process was stopped while read (`Freeze`).
@@ -213,6 +222,7 @@ impl GoTarget {
                         result.goroutines.push(goroutine);
                     }
                     Ok(Entry::System) => result.system += 1,
+                    Ok(Entry::Malformed) => result.malformed += 1,
                     Ok(Entry::Dead) => {}
                     Err(_) if chunk_start + (i as u64) > 0 => result.unreadable += 1,
                     Err(e) => return Err(e),
@@ -262,6 +272,13 @@ impl GoTarget {
         if base == STATUS_DEAD || (self.minor >= 26 && base == STATUS_DEAD_EXTRA) {
             return Ok(Entry::Dead);
         }
+        let (lo, hi) = (u64_at(layout.g_stack_lo), u64_at(layout.g_stack_hi));
+        if base as usize >= super::layout::STATUS_NAMES.len()
+            || lo > hi
+            || hi - lo > MAX_STACK_BYTES
+        {
+            return Ok(Entry::Malformed);
+        }
         let start = u64_at(layout.g_startpc);
         if self.is_system(start) {
             return Ok(Entry::System);
@@ -290,7 +307,6 @@ impl GoTarget {
         } else {
             None
         };
-        let (lo, hi) = (u64_at(layout.g_stack_lo), u64_at(layout.g_stack_hi));
         // A running goroutine's PC and SP are its thread's registers; the
         // thread may be on its own system stack (runtime or C code), then
         // the goroutine's stack is not where it is.

@@ -60,8 +60,25 @@ pub struct HeapSnapshot {
     /// allocated, on average (0: profiling off).
     pub rate: i64,
     pub records: Vec<HeapRecord>,
-    /// Buckets skipped: a record that could not be read.
-    pub skipped: usize,
+    /// Buckets left out, and why.
+    pub skipped: Skipped,
+}
+
+/// Buckets left out of a snapshot. Go never frees a bucket, so neither is
+/// a race with the program: a malformed one holds an impossible value
+/// (a stack of 2^32 frames, a type that is not the memory profile's), as
+/// a forged or corrupt runtime would; an unreadable one is not in the
+/// process's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Skipped {
+    pub malformed: usize,
+    pub unreadable: usize,
+}
+
+impl Skipped {
+    pub fn total(&self) -> usize {
+        self.malformed + self.unreadable
+    }
 }
 
 /// The cycle counts, as read.
@@ -125,10 +142,10 @@ pub fn read_buckets(
     head: u64,
     cycle: u32,
     cycle_bytes: u64,
-) -> Result<(Vec<HeapRecord>, usize), BucketError> {
+) -> Result<(Vec<HeapRecord>, Skipped), BucketError> {
     let mut seen = HashSet::new();
     let mut buckets = Vec::new();
-    let mut skipped = 0;
+    let mut skipped = Skipped::default();
     let mut frames = 0;
     let mut at = head;
     while at != 0 {
@@ -150,8 +167,12 @@ pub fn read_buckets(
             // The head is what we were told mbuckets is: a wrong address
             // must be an error, not an empty profile.
             Err(e) if buckets.is_empty() => return Err(e),
+            Err(BucketError::Unreadable(..)) => {
+                skipped.unreadable += 1;
+                break;
+            }
             Err(_) => {
-                skipped += 1;
+                skipped.malformed += 1;
                 break;
             }
         }
@@ -378,10 +399,10 @@ pub fn heap_profile(target: &GoTarget, snapshot: &HeapSnapshot, start_unix_ns: i
         "heap profile of process {} ({}, {}) read from its memory by profiler-agent",
         target.pid, target.path, target.version
     ));
-    if snapshot.skipped > 0 {
+    if snapshot.skipped.total() > 0 {
         builder.comment(format!(
-            "{} heap records could not be read and are missing",
-            snapshot.skipped
+            "{} heap records malformed (impossible values) and {} unreadable: missing",
+            snapshot.skipped.malformed, snapshot.skipped.unreadable
         ));
     }
     builder.finish()
@@ -623,7 +644,7 @@ mod tests {
         ]);
         // Cycle 2 (flag bit clear): future[2 % 3] is added.
         let (records, skipped) = read_buckets(&memory, 0x1000, 2 << 1, 32).unwrap();
-        assert_eq!(skipped, 0);
+        assert_eq!(skipped.total(), 0);
         assert_eq!(records.len(), 2);
         assert_eq!(records[0].pcs, vec![0x401001, 0x402002]);
         assert_eq!((records[0].allocs, records[0].alloc_bytes), (12, 768));
@@ -694,10 +715,32 @@ mod tests {
             read_buckets(&image(&[(at, bytes)]), 0x1000, 0, 32),
             Err(BucketError::Depth(..))
         ));
-        // A later bucket out of memory: skipped, the rest kept.
+        // A later bucket out of memory: skipped as unreadable, the rest
+        // kept.
         let memory = image(&[bucket(0x1000, 0xdead_0000, &[1], 8, [[1, 0, 8, 0]; 4])]);
         let (records, skipped) = read_buckets(&memory, 0x1000, 0, 32).unwrap();
-        assert_eq!((records.len(), skipped), (1, 1));
+        assert_eq!(records.len(), 1);
+        assert_eq!(
+            skipped,
+            Skipped {
+                malformed: 0,
+                unreadable: 1
+            }
+        );
+        // A later bucket claiming 2^32 frames: malformed, not a race.
+        let (first, first_bytes) = bucket(0x1000, 0x1400, &[1], 8, [[1, 0, 8, 0]; 4]);
+        let (second, mut second_bytes) = bucket(0x1400, 0, &[1], 8, [[1, 0, 8, 0]; 4]);
+        second_bytes[40..48].copy_from_slice(&(1u64 << 32).to_le_bytes());
+        let memory = image(&[(first, first_bytes), (second, second_bytes)]);
+        let (records, skipped) = read_buckets(&memory, 0x1000, 0, 32).unwrap();
+        assert_eq!(records.len(), 1);
+        assert_eq!(
+            skipped,
+            Skipped {
+                malformed: 1,
+                unreadable: 0
+            }
+        );
     }
 
     fn record(address: u64, allocs: u64, frees: u64) -> HeapRecord {
@@ -718,7 +761,7 @@ mod tests {
         let snapshot = |records| HeapSnapshot {
             rate: 1,
             records,
-            skipped: 0,
+            skipped: Skipped::default(),
         };
         // The first look has nothing to compare with: in use only.
         let first = history.advance(&snapshot(vec![record(0x10, 100, 40)]));
