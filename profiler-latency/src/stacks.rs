@@ -197,6 +197,7 @@ impl ProbeStacks {
             started: self.started,
             elapsed: self.started.elapsed().unwrap_or_default(),
             frequency_hz: 1,
+            event: profiler_sampling::sampler::SampledEvent::CpuClock,
             kind: ProfileKind::Latency,
         };
         self.build(&stacks, &window)

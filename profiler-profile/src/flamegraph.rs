@@ -27,6 +27,10 @@ pub fn encode(profile: &Profile) -> std::io::Result<Vec<u8>> {
             options.colors = Palette::Basic(BasicPalette::Mem);
         }
         ProfileKind::Goroutine => options.title = "Goroutines".to_string(),
+        ProfileKind::PageFaults => {
+            options.title = "Page faults: where memory is first touched".to_string();
+            options.colors = Palette::Basic(BasicPalette::Mem);
+        }
     }
     let mut svg = Vec::new();
     inferno::flamegraph::from_lines(&mut options, text.lines(), &mut svg)

@@ -44,6 +44,11 @@ pub enum ProfileKind {
     Heap,
     /// Goroutines by stack: each sample's `values` is one count.
     Goroutine,
+    /// Page faults sampled one in `period_ns` (a count of faults, not
+    /// time): where memory is first touched, as `perf record -e
+    /// page-faults` samples it. Each sample's `count` samples stand for
+    /// `count × period_ns` faults.
+    PageFaults,
 }
 
 impl ProfileKind {
@@ -56,6 +61,7 @@ impl ProfileKind {
             ProfileKind::Latency => "microseconds of latency",
             ProfileKind::Heap => "bytes in use",
             ProfileKind::Goroutine => "goroutines",
+            ProfileKind::PageFaults => "page faults",
         }
     }
 }
@@ -223,6 +229,7 @@ impl Profile {
             ProfileKind::Wall => self.wall_ns(sample),
             ProfileKind::Heap => sample.values.get(3).copied().unwrap_or(0).max(0) as u64,
             ProfileKind::Goroutine => sample.values.first().copied().unwrap_or(0).max(0) as u64,
+            ProfileKind::PageFaults => sample.count * self.period_ns.max(0) as u64,
         }
     }
 
@@ -230,7 +237,10 @@ impl Profile {
     /// microseconds, rounded).
     pub fn view_units(&self, total: u64) -> u64 {
         match self.kind {
-            ProfileKind::Cpu | ProfileKind::Heap | ProfileKind::Goroutine => total,
+            ProfileKind::Cpu
+            | ProfileKind::Heap
+            | ProfileKind::Goroutine
+            | ProfileKind::PageFaults => total,
             ProfileKind::OffCpu | ProfileKind::Wall | ProfileKind::Latency => (total + 500) / 1000,
         }
     }

@@ -42,6 +42,8 @@ enum Values {
     Heap(usize),
     /// Goroutines (count).
     Goroutines,
+    /// Page faults (samples × faults per sample).
+    PageFaults,
 }
 
 impl Values {
@@ -58,6 +60,7 @@ impl Values {
                 Values::Heap(3),
             ],
             ProfileKind::Goroutine => &[Values::Goroutines],
+            ProfileKind::PageFaults => &[Values::PageFaults],
         }
     }
 
@@ -68,6 +71,7 @@ impl Values {
             Values::Wall => profile.wall_ns(sample) as i64,
             Values::Heap(i) => sample.values.get(i).copied().unwrap_or(0),
             Values::Goroutines => sample.values.first().copied().unwrap_or(0),
+            Values::PageFaults => profile.view_value(sample) as i64,
         }
     }
 }
@@ -332,6 +336,11 @@ impl Builder {
                 profile.period_ns,
             ),
             Values::Goroutines => (("goroutine", "count"), ("goroutine", "count"), 1),
+            Values::PageFaults => (
+                ("page_faults", "count"),
+                ("page_faults", "count"),
+                profile.period_ns,
+            ),
         };
         otlp::Profile {
             sample_type: Some(self.value_type(sample_type.0, sample_type.1)),

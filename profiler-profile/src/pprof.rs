@@ -114,6 +114,11 @@ impl Header {
                 default_sample_type = strings.get("wall");
                 value_type(strings, "wall", "nanoseconds")
             }
+            ProfileKind::PageFaults => {
+                sample_type.push(value_type(strings, "page_faults", "count"));
+                default_sample_type = strings.get("page_faults");
+                value_type(strings, "page_faults", "count")
+            }
             ProfileKind::Latency => {
                 sample_type.push(value_type(strings, "latency", "nanoseconds"));
                 default_sample_type = strings.get("latency");
@@ -136,6 +141,7 @@ fn proto_sample(profile: &Profile, s: &super::Sample, strings: &mut Strings) -> 
         ProfileKind::OffCpu => vec![s.count as i64, cpu, s.off_cpu_ns as i64],
         ProfileKind::Wall => vec![s.count as i64, profile.wall_ns(s) as i64],
         ProfileKind::Latency => vec![s.count as i64, s.off_cpu_ns as i64],
+        ProfileKind::PageFaults => vec![s.count as i64, cpu],
         ProfileKind::Heap | ProfileKind::Goroutine => s.values.clone(),
     };
     let mut label: Vec<proto::Label> = s

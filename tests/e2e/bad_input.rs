@@ -28,6 +28,8 @@ fn invalid_flags_get_usage_errors() {
         &["--bogus"][..],
         &["--duration", "soon"][..],
         &["--pid", "abc"][..],
+        &["--event", "cache-misses"][..],
+        &["--event", "page-faults", "--count", "0"][..],
     ] {
         let output = run_agent(args);
         assert_eq!(
@@ -115,4 +117,22 @@ fn an_unwritable_output_is_refused_before_profiling() {
         !stderr.contains("profiling "),
         "it started profiling first: {stderr}"
     );
+}
+
+/// Options that do not go together are refused before profiling, naming
+/// both: page faults are counted, not timed.
+#[test]
+fn page_faults_refuse_time_options() {
+    for (args, names) in [
+        (&["--event", "page-faults", "--off-cpu"][..], "--off-cpu"),
+        (&["--event", "page-faults", "--wall"][..], "--wall"),
+        (&["--count", "10"][..], "--count"),
+    ] {
+        let mut all = args.to_vec();
+        all.extend(["-d", "1s", "-o", "/tmp/never.pb.gz"]);
+        let output = run_agent(&all);
+        let stderr = stderr_of(&output);
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(names), "{args:?}: {stderr}");
+    }
 }

@@ -583,3 +583,82 @@ fn go_tool_pprof_reads_mappings_build_ids_lines_and_labels_as_binutils_does() {
         );
     }
 }
+
+/// `--event page-faults`: one sample per 64 page faults, with the stack
+/// that faulted. The fixture first-touches 3 MiB from `grow_big` for each
+/// MiB from `grow_small`, one fault per 4 KiB page (huge pages refused),
+/// built without frame pointers: the profile splits 3 to 1, its stacks
+/// reach main, and pprof counts page faults (64 per sample), as `perf
+/// record -e page-faults -c 64` does.
+#[test]
+fn page_faults_are_sampled_where_memory_is_first_touched() {
+    require_bpf_privileges();
+    let fixture = build_c_fixture("touch", &["-O2", "-g", "-fomit-frame-pointer"]);
+    let running = Running::start(&fixture, &["20"]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("faults.pb.gz");
+    let report = record(&[
+        "--pid",
+        &running.pid().to_string(),
+        "--event",
+        "page-faults",
+        "--duration",
+        "3s",
+        "-q",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let profile = read_pprof(&out);
+    let s = |i: i64| profile.string_table[i as usize].clone();
+    let types: Vec<(String, String)> = profile
+        .sample_type
+        .iter()
+        .map(|t| (s(t.r#type), s(t.unit)))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            ("samples".to_string(), "count".to_string()),
+            ("page_faults".to_string(), "count".to_string())
+        ],
+        "{report}"
+    );
+    assert_eq!(profile.period, 64);
+    for sample in &profile.sample {
+        assert_eq!(sample.value[1], sample.value[0] * 64, "{sample:?}");
+    }
+    let stacks = stacks(&profile);
+    let total: i64 = stacks.iter().map(|s| s.count).sum();
+    let count =
+        |name: &str| -> i64 { stacks.iter().filter(|s| s.has(name)).map(|s| s.count).sum() };
+    let (big, small) = (count("grow_big"), count("grow_small"));
+    println!("{total} samples: grow_big {big}, grow_small {small}\n{report}");
+    // Thousands of faults a second: hundreds of samples at the least.
+    assert!(total >= 300, "{total} samples\n{report}");
+    assert!(
+        big + small >= total * 95 / 100,
+        "{big} + {small} of {total}"
+    );
+    if let Err(why) = share_near("grow_big", Share::of(big, big + small), 0.75, 0.0, 0.05) {
+        panic!("{why} (grow_big touches 3 MiB for grow_small's 1)\n{report}");
+    }
+    // Through the CFI: touch ← grow ← grow_big ← big_caller ← main.
+    let whole = stacks
+        .iter()
+        .filter(|s| {
+            matches!(
+                (s.depth_of("touch"), s.depth_of("grow_big"), s.depth_of("big_caller"), s.depth_of("main")),
+                (Some(t), Some(g), Some(c), Some(m)) if t < g && g < c && c < m
+            )
+        })
+        .map(|s| s.count)
+        .sum::<i64>();
+    assert!(whole * 100 >= big * 95, "{whole} of {big} complete");
+    assert!(count("main") * 100 >= total * 95, "stacks that miss main");
+    // Go's tool reads the sample type.
+    let top = go_pprof(&["-top", "-sample_index=page_faults"], &out);
+    assert!(
+        top.contains("Type: page_faults") && top.contains("touch"),
+        "{top}"
+    );
+}

@@ -82,6 +82,25 @@ pub struct RecordArgs {
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub frequency: u64,
 
+    /// What fires a sample, as `perf record -e` names it: `cpu-clock`
+    /// (the CPU clock, -F times a second: where CPU time goes) or
+    /// `page-faults` (one in --count page faults: where processes first
+    /// touch memory, which is where their resident memory grows)
+    #[arg(
+        short,
+        long,
+        value_enum,
+        default_value = "cpu-clock",
+        value_name = "EVENT"
+    )]
+    pub event: EventArg,
+
+    /// With `--event page-faults`: sample one in this many page faults, as
+    /// `perf record -c` [default: 64, one sample per 256 KiB first touched]
+    #[arg(short = 'c', long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
+    pub count: Option<u64>,
+
     /// How long to profile (e.g. 500ms, 30s, 2m). Ctrl-C stops early and
     /// still writes the profile.
     #[arg(short, long, default_value = "10s", value_parser = humantime::parse_duration)]
@@ -173,7 +192,25 @@ pub struct RecordArgs {
     pub debuginfod: DebuginfodArgs,
 }
 
+/// `--event`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EventArg {
+    CpuClock,
+    PageFaults,
+}
+
 impl RecordArgs {
+    /// What fires a sample.
+    pub fn sampled_event(&self) -> profiler_sampling::sampler::SampledEvent {
+        use profiler_sampling::sampler::{DEFAULT_PAGE_FAULT_PERIOD, SampledEvent};
+        match self.event {
+            EventArg::CpuClock => SampledEvent::CpuClock,
+            EventArg::PageFaults => SampledEvent::PageFaults {
+                every: self.count.unwrap_or(DEFAULT_PAGE_FAULT_PERIOD),
+            },
+        }
+    }
+
     /// What to do with Go labels (when `go` is among the runtimes).
     pub fn go_labels_config(&self) -> profiler_runtimes::go::labels::GoLabelsConfig {
         profiler_runtimes::go::labels::GoLabelsConfig {

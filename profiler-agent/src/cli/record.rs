@@ -20,6 +20,17 @@ const STATUS_INTERVAL: Duration = Duration::from_millis(500);
 
 pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
     let format = Format::from_path(&args.output).context("output format")?;
+    match args.event {
+        super::EventArg::PageFaults if args.off_cpu || args.wall => bail!(
+            "--event page-faults samples page faults, not time: it does not go with --off-cpu \
+             or --wall (record them in a run of their own)"
+        ),
+        super::EventArg::CpuClock if args.count.is_some() => bail!(
+            "--count is the page faults per sample of --event page-faults; the CPU clock is \
+             sampled -F times a second"
+        ),
+        _ => {}
+    }
     let mut pids = args.pids.clone();
     pids.sort_unstable();
     pids.dedup();
@@ -38,6 +49,7 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
 
     let config = SamplingConfig {
         frequency_hz: args.frequency,
+        event: args.sampled_event(),
         pids: pids.clone(),
         unwind_tables: !args.frame_pointers_only,
         unwind_table_bytes: args.unwind_table_mib << 20,
@@ -270,9 +282,11 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
     let off_cpu = match recording.kind {
         // A recording is never of probe hits (see `latency --stacks`),
         // of a heap or of goroutines.
-        ProfileKind::Cpu | ProfileKind::Latency | ProfileKind::Heap | ProfileKind::Goroutine => {
-            String::new()
-        }
+        ProfileKind::Cpu
+        | ProfileKind::Latency
+        | ProfileKind::Heap
+        | ProfileKind::Goroutine
+        | ProfileKind::PageFaults => String::new(),
         ProfileKind::OffCpu | ProfileKind::Wall => format!(
             " and {:.3}s off-CPU",
             profile.total_off_cpu_ns() as f64 / 1e9
@@ -316,7 +330,7 @@ fn report(recording: &Recording, output: &Path, format: Format, profile: &Profil
         "  user stacks: {}",
         user_stack_summary(&recording.user_stack_ends)
     );
-    if recording.kind != ProfileKind::Cpu {
+    if matches!(recording.kind, ProfileKind::OffCpu | ProfileKind::Wall) {
         let o = &recording.off_cpu;
         eprintln!(
             "  off-CPU: {} switches traced; {} intervals recorded ({:.3}s blocked, {:.3}s waiting \

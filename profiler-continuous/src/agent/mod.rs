@@ -76,6 +76,7 @@ impl Agent {
         profiler_runtimes::cache::set_budget(config.runtime_cache_mib << 20);
         let sampling = SamplingConfig {
             frequency_hz: config.frequency_hz,
+            event: profiler_sampling::sampler::SampledEvent::CpuClock,
             pids: config.pids.clone(),
             unwind_tables: !config.frame_pointers_only,
             unwind_table_bytes: config.unwind_table_mib << 20,

@@ -37,6 +37,7 @@ pub(super) fn pull_profile(
             started: accumulator.started,
             elapsed,
             frequency_hz,
+            event: profiler_sampling::sampler::SampledEvent::CpuClock,
             kind,
         },
         stacks: crate::wall::stacks_for(kind, accumulator.stacks, elapsed, frequency_hz),

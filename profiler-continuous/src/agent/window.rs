@@ -42,6 +42,7 @@ pub(super) fn export_window(
             .duration_since(accumulator.started)
             .unwrap_or_default(),
         frequency_hz: config.frequency_hz,
+        event: profiler_sampling::sampler::SampledEvent::CpuClock,
         kind: config.profile_kind(),
     };
     let sampled: std::collections::HashSet<u32> =
@@ -200,6 +201,7 @@ fn probe_profiles(
 ) -> Vec<ServiceProfile> {
     let window = ProfileWindow {
         frequency_hz: 1,
+        event: profiler_sampling::sampler::SampledEvent::CpuClock,
         kind: ProfileKind::Latency,
         ..*window
     };

@@ -211,6 +211,8 @@ pub struct Recording {
     pub started: SystemTime,
     pub elapsed: Duration,
     pub frequency_hz: u64,
+    /// What fired the samples.
+    pub event: crate::sampler::SampledEvent,
     /// Samples received from the kernel.
     pub samples: u64,
     /// Samples read from the ring buffer but dropped in user space because
@@ -375,6 +377,7 @@ impl Recorder {
                 started: SystemTime::now(),
                 elapsed: Duration::ZERO,
                 frequency_hz: config.frequency_hz,
+                event: config.event,
                 samples: 0,
                 queue_dropped: 0,
                 user_stack_ends: UserStackEnds::default(),
@@ -472,6 +475,7 @@ impl Recorder {
                 started: self.window_started,
                 elapsed: now.duration_since(self.window_started).unwrap_or_default(),
                 frequency_hz: self.recording.frequency_hz,
+                event: self.recording.event,
                 kind: self.recording.kind,
             },
         };

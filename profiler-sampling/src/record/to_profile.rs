@@ -109,6 +109,7 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         started,
         elapsed,
         frequency_hz,
+        event,
         kind,
         ..
     } = recording;
@@ -116,6 +117,7 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         started: *started,
         elapsed: *elapsed,
         frequency_hz: *frequency_hz,
+        event: *event,
         kind: *kind,
     };
     build(
@@ -135,6 +137,9 @@ pub struct ProfileWindow {
     pub started: SystemTime,
     pub elapsed: Duration,
     pub frequency_hz: u64,
+    /// What fired the samples (the CPU clock at `frequency_hz`, or one in
+    /// N page faults).
+    pub event: crate::sampler::SampledEvent,
     pub kind: ProfileKind,
 }
 
@@ -142,6 +147,9 @@ impl ProfileWindow {
     /// The profile a sampling configuration records: CPU, or CPU and
     /// off-CPU, or their sum as wall-clock time.
     pub fn kind_for(config: &crate::sampler::SamplingConfig) -> ProfileKind {
+        if let crate::sampler::SampledEvent::PageFaults { .. } = config.event {
+            return ProfileKind::PageFaults;
+        }
         match &config.off_cpu {
             None => ProfileKind::Cpu,
             Some(off_cpu) if off_cpu.wall => ProfileKind::Wall,
@@ -177,7 +185,14 @@ fn build<K: Borrow<StackKey>, C: Borrow<StackCounts>>(
         .started
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64);
-    let period_ns = crate::sampler::sampling_period(window.frequency_hz).as_nanos() as i64;
+    // The profile's period: the CPU time one sample stands for, or the
+    // page faults.
+    let period_ns = match window.event {
+        crate::sampler::SampledEvent::CpuClock => {
+            crate::sampler::sampling_period(window.frequency_hz).as_nanos() as i64
+        }
+        crate::sampler::SampledEvent::PageFaults { every } => every as i64,
+    };
     let mut builder: ProfileBuilder<LocationKey, MappingKey> =
         ProfileBuilder::new(start_unix_ns, window.elapsed.as_nanos() as i64, period_ns);
     builder.kind(window.kind);

@@ -43,8 +43,10 @@ const QUEUE_MAX_BYTES: usize = 16 << 20;
 /// What to sample.
 #[derive(Debug, Clone)]
 pub struct SamplingConfig {
-    /// Samples per second per CPU.
+    /// Samples per second per CPU (of the CPU clock).
     pub frequency_hz: u64,
+    /// What fires a sample: the CPU clock, or page faults.
+    pub event: SampledEvent,
     /// Processes to sample; empty means every process on the machine.
     pub pids: Vec<u32>,
     /// Load unwind tables (`.eh_frame` CFI, Go pcsp) to walk stacks
@@ -62,6 +64,23 @@ pub struct SamplingConfig {
     /// Which of Go's labels samples keep, when Go is among `runtimes`.
     pub go_labels: profiler_runtimes::go::labels::GoLabelsConfig,
 }
+
+/// What fires a sample, as `perf record -e` chooses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SampledEvent {
+    /// The CPU clock, `frequency_hz` times a second on each CPU: where
+    /// CPU time goes.
+    #[default]
+    CpuClock,
+    /// One in `every` page faults (the `page-faults` software event):
+    /// where processes first touch memory, which is where their resident
+    /// memory grows.
+    PageFaults { every: u64 },
+}
+
+/// Page faults per sample when none is given: one sample per 256 KiB first
+/// touched in 4 KiB pages.
+pub const DEFAULT_PAGE_FAULT_PERIOD: u64 = 64;
 
 impl SamplingConfig {
     /// Go's label settings, when Go labels are read.
@@ -265,11 +284,21 @@ impl Sampler {
             .try_into()
             .map_err(SamplingError::program)?;
         for &cpu in &cpus {
+            let (event, policy) = match config.event {
+                SampledEvent::CpuClock => (
+                    SoftwareEvent::CpuClock,
+                    SamplePolicy::Frequency(config.frequency_hz),
+                ),
+                SampledEvent::PageFaults { every } => (
+                    SoftwareEvent::PageFaults,
+                    SamplePolicy::Period(every.max(1)),
+                ),
+            };
             program
                 .attach(
-                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventConfig::Software(event),
                     PerfEventScope::AllProcessesOneCpu { cpu },
-                    SamplePolicy::Frequency(config.frequency_hz),
+                    policy,
                     false,
                 )
                 .map_err(|e| SamplingError::Attach { cpu, source: e })?;
