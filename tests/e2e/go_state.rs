@@ -429,6 +429,47 @@ fn a_program_without_memory_profiling_is_told_so() {
     }
 }
 
+/// A Go program that forges its own runtime state (one parked
+/// goroutine's stack bounds claim 4 GiB; Go allows 1 GB): the dump counts
+/// it as malformed, not as changed while read, shows the others, and the
+/// program lives on. `tests/fixtures/go_forged`.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn a_goroutine_with_impossible_values_is_counted_as_malformed() {
+    let dir = tempfile::tempdir().unwrap();
+    let binary = dir.path().join("goforged");
+    go_command(
+        &go_toolchain("1.27.3"),
+        &workspace_root().join("tests/fixtures/go_forged"),
+        &["build", "-o", binary.to_str().unwrap(), "."],
+        &[],
+    );
+    let mut command = std::process::Command::new(&binary);
+    command.arg(dir.path());
+    let process = Running::spawn(command);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !dir.path().join("ready").exists() {
+        assert!(Instant::now() < deadline, "the fixture never got ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = process.pid().to_string();
+    let output = run_agent(&["goroutines", "--pid", &pid]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let dump = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("1 malformed (impossible values"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("changed while read"), "{stderr}");
+    assert_eq!(dump.matches("main.bystander(").count(), 3, "{dump}");
+    assert!(!dump.contains("main.victim("), "{dump}");
+    assert!(
+        std::path::Path::new(&format!("/proc/{pid}")).exists(),
+        "the forging process died"
+    );
+}
+
 #[test]
 fn a_process_that_is_not_go_is_named() {
     let process = Running::start(Path::new("/bin/sleep"), &["30"]);
