@@ -485,6 +485,13 @@ fn a_process_that_is_not_go_is_named() {
             "{stderr}"
         );
     }
+    // `heap` points at what works for any process.
+    let output = run_agent(&["heap", "--pid", &pid]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("--pid {pid} --event page-faults")),
+        "{stderr}"
+    );
     let output = run_agent(&["heap", "--pid", "999999999"]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

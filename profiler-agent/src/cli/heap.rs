@@ -41,7 +41,16 @@ pub struct HeapArgs {
 }
 
 pub fn run(args: &HeapArgs) -> anyhow::Result<()> {
-    let target = GoTarget::open(args.pid)?;
+    let target = match GoTarget::open(args.pid) {
+        Err(e @ profiler_runtimes::go::state::StateError::NotGo { .. }) => {
+            return Err(anyhow::anyhow!(
+                "{e}: `heap` reads the Go runtime's own heap profile; where any process's \
+                 resident memory grows: `profiler-agent --pid {} --event page-faults`",
+                args.pid
+            ));
+        }
+        other => other?,
+    };
     if let Some(rate) = args.set_mem_profile_rate {
         let previous = target.set_mem_profile_rate(rate)?;
         eprintln!(
