@@ -169,6 +169,9 @@ pub const SAMPLE_KIND_OFF_CPU: u8 = 1;
 /// with, named by `stack_id`: not a sample, but the user half of that
 /// thread's next off-CPU intervals (see `offcpu`).
 pub const SAMPLE_KIND_OFF_CPU_STACK: u8 = 2;
+/// `Sample::kind` of a sampled page fault (one in N of the `page-faults`
+/// software event): the stack that first touched a page.
+pub const SAMPLE_KIND_PAGE_FAULT: u8 = 3;
 
 /// The sample interrupted kernel code (the kernel stack is non-empty).
 pub const SAMPLE_FLAG_IN_KERNEL: u16 = 1 << 0;

@@ -89,6 +89,12 @@ pub struct Config {
     /// `off_cpu_period` apply); without `off_cpu` the CPU profile stays
     /// CPU only.
     pub wall: bool,
+    /// Also export a page-fault profile per service per window
+    /// (`page_faults`): one sample per `page_fault_period` page faults, with
+    /// the stack that first touched the page, where resident memory grows.
+    pub page_faults: bool,
+    /// Page faults per sample of the page-fault profile.
+    pub page_fault_period: u64,
     /// Off-CPU intervals shorter than this are not recorded.
     #[serde(with = "humantime_serde")]
     #[schemars(with = "String")]
@@ -245,6 +251,8 @@ impl Default for Config {
             runtime_cache_mib: profiler_runtimes::cache::DEFAULT_BUDGET_BYTES >> 20,
             off_cpu: false,
             wall: false,
+            page_faults: false,
+            page_fault_period: profiler_sampling::sampler::DEFAULT_PAGE_FAULT_PERIOD,
             off_cpu_min: profiler_sampling::sampler::DEFAULT_OFF_CPU_MIN,
             off_cpu_period: None,
             max_processes: 4096,
@@ -299,6 +307,9 @@ impl Config {
         }
         if self.window < Duration::from_secs(1) {
             return invalid("window", "must be at least 1s");
+        }
+        if !(1..=1_000_000_000).contains(&self.page_fault_period) {
+            return invalid("page_fault_period", "must be between 1 and 1000000000");
         }
         if !(1..=65536).contains(&self.runtime_cache_mib) {
             return invalid("runtime_cache_mib", "must be between 1 and 65536");

@@ -38,6 +38,16 @@ pub fn stacks_for(
             });
         }
         ProfileKind::Wall => cap_to_window(&mut stacks, elapsed, frequency_hz),
+        // Page-fault samples alone.
+        ProfileKind::PageFaults => {
+            stacks.retain(|_, counts| {
+                *counts = StackCounts {
+                    page_faults: counts.page_faults,
+                    ..StackCounts::default()
+                };
+                counts.page_faults > 0
+            });
+        }
         _ => {}
     }
     stacks
@@ -89,6 +99,7 @@ mod tests {
             samples,
             blocked_ns,
             runq_ns,
+            page_faults: 0,
         }
     }
 

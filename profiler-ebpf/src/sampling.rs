@@ -2,6 +2,10 @@
 //! which takes the kernel stack and starts the user stack's walk (the
 //! chain, `chain::CPU`); `finish_cpu`, the chain's last program, adds the
 //! goroutine's labels of a Go process and sends the record.
+//! `sample_page_fault` is the same on the `page-faults` software event
+//! (one in N faults), its records marked `SAMPLE_KIND_PAGE_FAULT`. The two
+//! share the CPU context's scratch record and walk state: the kernel runs
+//! no perf-event program inside another on one CPU (`bpf_prog_active`).
 
 use aya_ebpf::{
     EbpfContext,
@@ -16,7 +20,7 @@ use profiler_common::unwind::UserStackEnd;
 use profiler_common::{
     Counter, MAX_SAMPLE_FRAMES, MAX_STACK_DEPTH, MAX_USER_WORDS, SAMPLE_FLAG_GO_LABELS,
     SAMPLE_FLAG_IN_KERNEL, SAMPLE_FLAG_KERNEL_STACK_FAILED, SAMPLE_FLAG_UNKNOWN_MAPPING,
-    SAMPLE_KIND_CPU, Sample, runtimes::go::GoLabels,
+    SAMPLE_KIND_CPU, SAMPLE_KIND_PAGE_FAULT, Sample, runtimes::go::GoLabels,
 };
 
 use crate::chain::CPU;
@@ -26,13 +30,19 @@ pub(crate) const KERNEL_STACK_BYTES: u32 = (MAX_STACK_DEPTH * 8) as u32;
 
 #[perf_event]
 pub fn sample_stack(ctx: PerfEventContext) -> u32 {
-    start(&ctx);
+    start(&ctx, SAMPLE_KIND_CPU);
+    0
+}
+
+#[perf_event]
+pub fn sample_page_fault(ctx: PerfEventContext) -> u32 {
+    start(&ctx, SAMPLE_KIND_PAGE_FAULT);
     0
 }
 
 /// The sample's header and kernel stack, then the user stack's walk.
 #[inline(always)]
-fn start(ctx: &PerfEventContext) {
+fn start(ctx: &PerfEventContext, kind: u8) {
     bump(Counter::Fired);
     let pid_tgid = bpf_get_current_pid_tgid();
     let pid = (pid_tgid >> 32) as u32;
@@ -91,7 +101,7 @@ fn start(ctx: &PerfEventContext) {
         );
         words::set(&raw mut (*sample).kernel_frames, kernel_frames as u16);
         words::set(&raw mut (*sample).flags, flags);
-        words::set(&raw mut (*sample).kind, SAMPLE_KIND_CPU);
+        words::set(&raw mut (*sample).kind, kind);
         words::set(&raw mut (*sample).off_cpu_ns, 0);
         words::set(&raw mut (*sample).runq_ns, 0);
         words::set(&raw mut (*sample).weight_ns, 0);

@@ -34,6 +34,11 @@ pub const CPU_PROFILE: &str = "cpu";
 /// alive in the window. Pyroscope's name for wall-clock profiles too.
 pub const WALL_PROFILE: &str = "wall";
 
+/// What page-fault profiles are called (`page_faults = true`): one sample
+/// per `page_fault_period` page faults, with the stack that first touched
+/// the page: where a service's resident memory grows.
+pub const PAGE_FAULTS_PROFILE: &str = "page_faults";
+
 /// What Go heap profiles are called: Pyroscope's name for them (its
 /// `memory:alloc_space:bytes:space:bytes` and the other three types).
 pub const MEMORY_PROFILE: &str = "memory";

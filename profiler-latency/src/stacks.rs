@@ -197,7 +197,7 @@ impl ProbeStacks {
             started: self.started,
             elapsed: self.started.elapsed().unwrap_or_default(),
             frequency_hz: 1,
-            event: profiler_sampling::sampler::SampledEvent::CpuClock,
+            page_fault_period: 0,
             kind: ProfileKind::Latency,
         };
         self.build(&stacks, &window)
@@ -338,7 +338,7 @@ fn add(stacks: &mut Stacks, id: StackId, user: Box<[u64]>, count: u64, sum_ns: u
     *stacks.entry(key).or_default() += StackCounts {
         samples: count,
         blocked_ns: sum_ns,
-        runq_ns: 0,
+        ..StackCounts::default()
     };
 }
 

@@ -1817,3 +1817,81 @@ fn wall_clock_windows_give_each_thread_its_time_alive() {
             .contains(&"wall/nanoseconds".to_string())
     );
 }
+
+/// `page_faults = true`: beside each service's CPU profile, a
+/// `page_faults` profile per window (one sample per 64 faults) that splits
+/// the `touch` fixture's first touches 3 to 1 between its two call chains,
+/// as the fixture is built to.
+#[test]
+fn page_fault_windows_show_where_memory_grows() {
+    let _serial = serial();
+    require_bpf_privileges();
+    let dir = tempfile::tempdir().unwrap();
+    let touch = build_c_fixture("touch", &["-O2", "-g", "-fomit-frame-pointer"]);
+    let running = Running::start(&touch, &["60"]);
+    let out = dir.path().join("profiles");
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut agent = AgentRun::start(&[
+        "--pids",
+        &running.pid().to_string(),
+        "--listen",
+        &listen,
+        "--window",
+        "2s",
+        "--page-faults",
+        "true",
+        "--directory-path",
+        out.to_str().unwrap(),
+    ]);
+    agent.wait_ready(port);
+    let started = Instant::now();
+    let named = |prefix: &str| -> Vec<PathBuf> {
+        pprof_files(&out)
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with(prefix))
+            })
+            .collect()
+    };
+    while named("page_faults-").len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no page-fault windows: {:?}",
+            pprof_files(&out)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(agent.terminate(Duration::from_secs(20)).success());
+    assert!(!named("cpu-").is_empty(), "the CPU profile is still there");
+    let (mut big, mut small, mut total) = (0, 0, 0);
+    for file in named("page_faults-") {
+        let top = go_pprof(&["-top"], &file);
+        assert!(top.contains("Type: page_faults"), "{top}");
+        for stack in raw_stacks(&file) {
+            total += stack.count;
+            if stack.has("grow_big") {
+                big += stack.count;
+            }
+            if stack.has("grow_small") {
+                small += stack.count;
+            }
+        }
+    }
+    println!("{total} page-fault samples: grow_big {big}, grow_small {small}");
+    assert!(total >= 300, "{total} samples");
+    assert!(
+        big + small >= total * 95 / 100,
+        "{big} + {small} of {total}"
+    );
+    if let Err(why) = profiler_tests::shares::share_near(
+        "grow_big",
+        profiler_tests::shares::Share::of(big, big + small),
+        0.75,
+        0.0,
+        0.05,
+    ) {
+        panic!("{why} (grow_big touches 3 MiB for grow_small's 1)");
+    }
+}

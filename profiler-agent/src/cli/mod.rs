@@ -200,15 +200,12 @@ pub enum EventArg {
 }
 
 impl RecordArgs {
-    /// What fires a sample.
-    pub fn sampled_event(&self) -> profiler_sampling::sampler::SampledEvent {
-        use profiler_sampling::sampler::{DEFAULT_PAGE_FAULT_PERIOD, SampledEvent};
-        match self.event {
-            EventArg::CpuClock => SampledEvent::CpuClock,
-            EventArg::PageFaults => SampledEvent::PageFaults {
-                every: self.count.unwrap_or(DEFAULT_PAGE_FAULT_PERIOD),
-            },
-        }
+    /// Page faults per sample, when page faults are sampled.
+    pub fn page_fault_period(&self) -> Option<u64> {
+        (self.event == EventArg::PageFaults).then(|| {
+            self.count
+                .unwrap_or(profiler_sampling::sampler::DEFAULT_PAGE_FAULT_PERIOD)
+        })
     }
 
     /// What to do with Go labels (when `go` is among the runtimes).

@@ -49,7 +49,8 @@ pub fn run(args: &RecordArgs) -> anyhow::Result<()> {
 
     let config = SamplingConfig {
         frequency_hz: args.frequency,
-        event: args.sampled_event(),
+        cpu_clock: args.event == super::EventArg::CpuClock,
+        page_faults: args.page_fault_period(),
         pids: pids.clone(),
         unwind_tables: !args.frame_pointers_only,
         unwind_table_bytes: args.unwind_table_mib << 20,

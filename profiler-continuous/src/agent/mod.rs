@@ -76,7 +76,8 @@ impl Agent {
         profiler_runtimes::cache::set_budget(config.runtime_cache_mib << 20);
         let sampling = SamplingConfig {
             frequency_hz: config.frequency_hz,
-            event: profiler_sampling::sampler::SampledEvent::CpuClock,
+            cpu_clock: true,
+            page_faults: config.page_faults.then_some(config.page_fault_period),
             pids: config.pids.clone(),
             unwind_tables: !config.frame_pointers_only,
             unwind_table_bytes: config.unwind_table_mib << 20,

@@ -37,7 +37,7 @@ pub(super) fn pull_profile(
             started: accumulator.started,
             elapsed,
             frequency_hz,
-            event: profiler_sampling::sampler::SampledEvent::CpuClock,
+            page_fault_period: 0,
             kind,
         },
         stacks: crate::wall::stacks_for(kind, accumulator.stacks, elapsed, frequency_hz),

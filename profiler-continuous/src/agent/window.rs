@@ -42,7 +42,7 @@ pub(super) fn export_window(
             .duration_since(accumulator.started)
             .unwrap_or_default(),
         frequency_hz: config.frequency_hz,
-        event: profiler_sampling::sampler::SampledEvent::CpuClock,
+        page_fault_period: config.page_fault_period,
         kind: config.profile_kind(),
     };
     let sampled: std::collections::HashSet<u32> =
@@ -73,6 +73,21 @@ pub(super) fn export_window(
             );
             (profiler_export::WALL_PROFILE, stacks, ProfileKind::Wall)
         });
+        // Where memory was first touched (`page_faults`), before the CPU
+        // profile takes the stacks.
+        let page_faults = config.page_faults.then(|| {
+            let stacks = crate::wall::stacks_for(
+                ProfileKind::PageFaults,
+                stacks.clone(),
+                profile_window.elapsed,
+                config.frequency_hz,
+            );
+            (
+                profiler_export::PAGE_FAULTS_PROFILE,
+                stacks,
+                ProfileKind::PageFaults,
+            )
+        });
         let cpu = crate::wall::stacks_for(
             profile_window.kind,
             stacks,
@@ -80,7 +95,7 @@ pub(super) fn export_window(
             config.frequency_hz,
         );
         let views = std::iter::once((profiler_export::CPU_PROFILE, cpu, profile_window.kind));
-        for (name, stacks, kind) in views.chain(wall) {
+        for (name, stacks, kind) in views.chain(wall).chain(page_faults) {
             // A service that only waited (off-CPU time recorded for the
             // wall-clock view alone) has no CPU profile.
             if stacks.is_empty() {
@@ -201,7 +216,7 @@ fn probe_profiles(
 ) -> Vec<ServiceProfile> {
     let window = ProfileWindow {
         frequency_hz: 1,
-        event: profiler_sampling::sampler::SampledEvent::CpuClock,
+        page_fault_period: 0,
         kind: ProfileKind::Latency,
         ..*window
     };

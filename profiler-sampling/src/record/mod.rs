@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use profiler_common::unwind::UserStackEnd;
-use profiler_common::{SAMPLE_KIND_OFF_CPU, Sample};
+use profiler_common::{SAMPLE_KIND_OFF_CPU, SAMPLE_KIND_PAGE_FAULT, Sample};
 
 use crate::sampler::{KernelCounters, Sampler, SamplingConfig, SamplingError};
 use crate::tables::{UnwindTableStats, UnwindTables};
@@ -124,6 +124,8 @@ impl StackKey {
 pub struct StackCounts {
     /// CPU samples.
     pub samples: u64,
+    /// Page-fault samples (each one in `page_fault_period` faults).
+    pub page_faults: u64,
     /// Off-CPU nanoseconds blocked (sleeping, waiting for a lock or I/O).
     pub blocked_ns: u64,
     /// Off-CPU nanoseconds runnable, waiting for a CPU.
@@ -146,6 +148,7 @@ impl StackCounts {
 impl std::ops::AddAssign for StackCounts {
     fn add_assign(&mut self, other: StackCounts) {
         self.samples += other.samples;
+        self.page_faults += other.page_faults;
         self.blocked_ns += other.blocked_ns;
         self.runq_ns += other.runq_ns;
     }
@@ -160,9 +163,9 @@ pub fn off_cpu_counts(sample: &Sample) -> StackCounts {
     let weight = sample.weight_ns as u128;
     let runq_ns = (runq * weight / off) as u64;
     StackCounts {
-        samples: 0,
         blocked_ns: sample.weight_ns - runq_ns,
         runq_ns,
+        ..StackCounts::default()
     }
 }
 
@@ -211,8 +214,8 @@ pub struct Recording {
     pub started: SystemTime,
     pub elapsed: Duration,
     pub frequency_hz: u64,
-    /// What fired the samples.
-    pub event: crate::sampler::SampledEvent,
+    /// Page faults per page-fault sample (0: none sampled).
+    pub page_fault_period: u64,
     /// Samples received from the kernel.
     pub samples: u64,
     /// Samples read from the ring buffer but dropped in user space because
@@ -377,7 +380,7 @@ impl Recorder {
                 started: SystemTime::now(),
                 elapsed: Duration::ZERO,
                 frequency_hz: config.frequency_hz,
-                event: config.event,
+                page_fault_period: config.page_faults.unwrap_or(0),
                 samples: 0,
                 queue_dropped: 0,
                 user_stack_ends: UserStackEnds::default(),
@@ -475,7 +478,7 @@ impl Recorder {
                 started: self.window_started,
                 elapsed: now.duration_since(self.window_started).unwrap_or_default(),
                 frequency_hz: self.recording.frequency_hz,
-                event: self.recording.event,
+                page_fault_period: self.recording.page_fault_period,
                 kind: self.recording.kind,
             },
         };
@@ -660,7 +663,14 @@ fn aggregate(
         if let Some(end) = UserStackEnd::from_u8(sample.user_end) {
             recording.user_stack_ends.add(end, 1);
         }
-        StackCounts::samples(1)
+        if sample.kind == SAMPLE_KIND_PAGE_FAULT {
+            StackCounts {
+                page_faults: 1,
+                ..StackCounts::default()
+            }
+        } else {
+            StackCounts::samples(1)
+        }
     };
     let labels = match &recording.go_labels {
         Some(config) => recording

@@ -109,7 +109,7 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         started,
         elapsed,
         frequency_hz,
-        event,
+        page_fault_period,
         kind,
         ..
     } = recording;
@@ -117,7 +117,7 @@ pub fn build_profile(recording: &mut Recording) -> Profile {
         started: *started,
         elapsed: *elapsed,
         frequency_hz: *frequency_hz,
-        event: *event,
+        page_fault_period: *page_fault_period,
         kind: *kind,
     };
     build(
@@ -137,9 +137,8 @@ pub struct ProfileWindow {
     pub started: SystemTime,
     pub elapsed: Duration,
     pub frequency_hz: u64,
-    /// What fired the samples (the CPU clock at `frequency_hz`, or one in
-    /// N page faults).
-    pub event: crate::sampler::SampledEvent,
+    /// Page faults per page-fault sample (0: none sampled).
+    pub page_fault_period: u64,
     pub kind: ProfileKind,
 }
 
@@ -147,7 +146,7 @@ impl ProfileWindow {
     /// The profile a sampling configuration records: CPU, or CPU and
     /// off-CPU, or their sum as wall-clock time.
     pub fn kind_for(config: &crate::sampler::SamplingConfig) -> ProfileKind {
-        if let crate::sampler::SampledEvent::PageFaults { .. } = config.event {
+        if !config.cpu_clock && config.page_faults.is_some() {
             return ProfileKind::PageFaults;
         }
         match &config.off_cpu {
@@ -187,11 +186,10 @@ fn build<K: Borrow<StackKey>, C: Borrow<StackCounts>>(
         .map_or(0, |d| d.as_nanos() as i64);
     // The profile's period: the CPU time one sample stands for, or the
     // page faults.
-    let period_ns = match window.event {
-        crate::sampler::SampledEvent::CpuClock => {
-            crate::sampler::sampling_period(window.frequency_hz).as_nanos() as i64
-        }
-        crate::sampler::SampledEvent::PageFaults { every } => every as i64,
+    let period_ns = if window.kind == ProfileKind::PageFaults {
+        window.page_fault_period as i64
+    } else {
+        crate::sampler::sampling_period(window.frequency_hz).as_nanos() as i64
     };
     let mut builder: ProfileBuilder<LocationKey, MappingKey> =
         ProfileBuilder::new(start_unix_ns, window.elapsed.as_nanos() as i64, period_ns);
@@ -298,11 +296,18 @@ fn build<K: Borrow<StackKey>, C: Borrow<StackCounts>>(
             });
             continue;
         }
-        if counts.samples > 0 {
+        // The page-fault profile counts the page-fault samples; the others
+        // the CPU ones.
+        let count = if window.kind == ProfileKind::PageFaults {
+            counts.page_faults
+        } else {
+            counts.samples
+        };
+        if count > 0 {
             let locations = locations_of(&mut builder, symbolizer, &kernel, &user);
             builder.sample(Sample {
                 locations,
-                count: counts.samples,
+                count,
                 off_cpu_ns: 0,
                 labels: texts.list(&labels),
                 ..Sample::default()

@@ -45,8 +45,14 @@ const QUEUE_MAX_BYTES: usize = 16 << 20;
 pub struct SamplingConfig {
     /// Samples per second per CPU (of the CPU clock).
     pub frequency_hz: u64,
-    /// What fires a sample: the CPU clock, or page faults.
-    pub event: SampledEvent,
+    /// Sample the CPU clock, `frequency_hz` times a second: where CPU time
+    /// goes. False when only page faults are sampled (`record --event
+    /// page-faults`).
+    pub cpu_clock: bool,
+    /// Also sample one in this many page faults (the `page-faults` software
+    /// event, records `SAMPLE_KIND_PAGE_FAULT`): where processes first
+    /// touch memory, which is where their resident memory grows.
+    pub page_faults: Option<u64>,
     /// Processes to sample; empty means every process on the machine.
     pub pids: Vec<u32>,
     /// Load unwind tables (`.eh_frame` CFI, Go pcsp) to walk stacks
@@ -63,19 +69,6 @@ pub struct SamplingConfig {
     pub runtimes: Selection,
     /// Which of Go's labels samples keep, when Go is among `runtimes`.
     pub go_labels: profiler_runtimes::go::labels::GoLabelsConfig,
-}
-
-/// What fires a sample, as `perf record -e` chooses.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum SampledEvent {
-    /// The CPU clock, `frequency_hz` times a second on each CPU: where
-    /// CPU time goes.
-    #[default]
-    CpuClock,
-    /// One in `every` page faults (the `page-faults` software event):
-    /// where processes first touch memory, which is where their resident
-    /// memory grows.
-    PageFaults { every: u64 },
 }
 
 /// Page faults per sample when none is given: one sample per 256 KiB first
@@ -248,12 +241,20 @@ impl Sampler {
         }
         // The entries too (each walks natively in place), before any map
         // is dropped.
-        let entry: &mut PerfEvent = ebpf
-            .program_mut("sample_stack")
-            .ok_or(SamplingError::MissingProgram("sample_stack"))?
-            .try_into()
-            .map_err(SamplingError::program)?;
-        entry.load().map_err(SamplingError::program)?;
+        for (name, on) in [
+            ("sample_stack", config.cpu_clock),
+            ("sample_page_fault", config.page_faults.is_some()),
+        ] {
+            if !on {
+                continue;
+            }
+            let entry: &mut PerfEvent = ebpf
+                .program_mut(name)
+                .ok_or(SamplingError::MissingProgram(name))?
+                .try_into()
+                .map_err(SamplingError::program)?;
+            entry.load().map_err(SamplingError::program)?;
+        }
         if off_cpu.is_some() {
             offcpu::load(&mut ebpf)?;
         }
@@ -278,30 +279,37 @@ impl Sampler {
         .map_err(SamplingError::UnwindThread)?;
         before_attach(&tables, &runtimes);
 
-        let program: &mut PerfEvent = ebpf
-            .program_mut("sample_stack")
-            .ok_or(SamplingError::MissingProgram("sample_stack"))?
-            .try_into()
-            .map_err(SamplingError::program)?;
-        for &cpu in &cpus {
-            let (event, policy) = match config.event {
-                SampledEvent::CpuClock => (
-                    SoftwareEvent::CpuClock,
-                    SamplePolicy::Frequency(config.frequency_hz),
-                ),
-                SampledEvent::PageFaults { every } => (
+        // The CPU clock, and page faults (one in N), each on every CPU.
+        let events = [
+            config.cpu_clock.then_some((
+                "sample_stack",
+                SoftwareEvent::CpuClock,
+                SamplePolicy::Frequency(config.frequency_hz),
+            )),
+            config.page_faults.map(|every| {
+                (
+                    "sample_page_fault",
                     SoftwareEvent::PageFaults,
                     SamplePolicy::Period(every.max(1)),
-                ),
-            };
-            program
-                .attach(
-                    PerfEventConfig::Software(event),
-                    PerfEventScope::AllProcessesOneCpu { cpu },
-                    policy,
-                    false,
                 )
-                .map_err(|e| SamplingError::Attach { cpu, source: e })?;
+            }),
+        ];
+        for (name, event, policy) in events.into_iter().flatten() {
+            let program: &mut PerfEvent = ebpf
+                .program_mut(name)
+                .ok_or(SamplingError::MissingProgram(name))?
+                .try_into()
+                .map_err(SamplingError::program)?;
+            for &cpu in &cpus {
+                program
+                    .attach(
+                        PerfEventConfig::Software(event),
+                        PerfEventScope::AllProcessesOneCpu { cpu },
+                        policy,
+                        false,
+                    )
+                    .map_err(|e| SamplingError::Attach { cpu, source: e })?;
+            }
         }
         if off_cpu.is_some() {
             offcpu::attach(&mut ebpf)?;
