@@ -376,8 +376,8 @@ fn unwinding_section(md: &mut String, plan: &Plan, r: &Results) {
          `--frame-pointers-only`, bpftrace and bcc walk frame pointers and cut stacks of code \
          without them at the leaf (measured here: 0 % of the no-frame-pointer workload's \
          stacks reach `main` that way, 100 % with tables; see tests/e2e/native_unwind.rs). \
-         The Go service runs its requests under pprof labels: `--no-go-labels` shows what \
-         reading the running goroutine's labels adds to each Go sample.\n"
+         The Go service runs its requests under pprof labels: `--runtimes cpython,hotspot` \
+         (no `go`) shows what reading the running goroutine's labels adds to each Go sample.\n"
     );
     let tools = [
         Tool::Agent,

@@ -1,5 +1,5 @@
 //! BPF time per sample with bpftrace loaded at the same time: the agent
-//! (unwind tables, the default; `--frame-pointers-only`; `--no-go-labels`)
+//! (unwind tables, the default; `--frame-pointers-only`; without Go labels)
 //! and `bpftrace -e 'profile:hz:N { @[ustack, kstack] = count(); }'` sample
 //! the same workload over the same windows, and each window gives the
 //! ratio of their `run_time_ns / run_cnt`. Measured one after the other,
@@ -328,8 +328,8 @@ pub fn section(md: &mut String, plan: &Plan, r: &SideBySide) {
             |values: &[f64]| Summary::of(values).map_or("–".into(), |s| s.show(1.0, 3, ""));
         let _ = writeln!(
             md,
-            "Go labels' own cost: the agent with labels and the agent with `--no-go-labels` \
-             loaded at once on the Go service, per window the first's ns per sample over the \
+            "Go labels' own cost: the agent with labels and the agent with `--runtimes \
+             cpython,hotspot` loaded at once on the Go service, per window the first's ns per sample over the \
              second's; started {starts} times, each order in turn, combined as the geometric mean \
              of the two orders' medians (which cancels the advantage of the program that runs \
              second on a tick).\n\n\
