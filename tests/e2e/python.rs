@@ -569,6 +569,22 @@ fn a_profile_without_python_frames_when_asked() {
     assert!(stacks.iter().all(|s| python_frames(s).is_empty()));
 }
 
+/// Starts the forged interpreter in `mode` for `seconds`, once it says it
+/// is ready.
+fn start_fake_cpython(fake: &Path, mode: &str, seconds: &str) -> Child {
+    let mut child = Command::new(fake)
+        .args([mode, seconds])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready", "{mode}");
+    child
+}
+
 /// Builds the forged interpreter (tests/fixtures/python/fake_cpython.c).
 fn build_fake_cpython(dir: &Path) -> PathBuf {
     let out = dir.join("fake_cpython");
@@ -600,16 +616,7 @@ fn forged_interpreter_memory_is_bounded_and_marked() {
     let dir = tempfile::tempdir().unwrap();
     let fake = build_fake_cpython(dir.path());
     for mode in ["loop", "offsets", "wide", "threads"] {
-        let mut child = Command::new(&fake)
-            .args([mode, "8"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready");
+        let mut child = start_fake_cpython(&fake, mode, "8");
         let out = dir.path().join(format!("{mode}.pb.gz"));
         let report = record(&[
             "--pid",
@@ -685,16 +692,7 @@ fn forged_code_objects_cannot_grow_the_agent() {
     require_bpf_privileges();
     let dir = tempfile::tempdir().unwrap();
     let fake = build_fake_cpython(dir.path());
-    let mut child = Command::new(&fake)
-        .args(["codes", "20"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line.trim(), "ready");
+    let mut child = start_fake_cpython(&fake, "codes", "20");
     let out = dir.path().join("codes.pb.gz");
     let watched = profiler_tests::agent::record_watched(&[
         "--pid",

@@ -241,44 +241,39 @@ impl Agent {
         });
     }
 
-    fn finish_due_pulls(&mut self, now: Instant) {
+    /// The pulls whose time is up, out of the open ones.
+    fn take_due_pulls(&mut self, now: Instant) -> Vec<Pull> {
         let (due, open): (Vec<Pull>, Vec<Pull>) = std::mem::take(&mut self.pulls)
             .into_iter()
             .partition(|p| p.deadline <= now);
         self.pulls = open;
+        due
+    }
+
+    fn finish_due_pulls(&mut self, now: Instant) {
+        let due = self.take_due_pulls(now);
         let Some(recorder) = self.recorder.as_mut() else {
             return;
         };
         let mut symbols = Symbols::Live(recorder);
-        for pull in due {
-            let bytes = pull_profile(
-                &mut symbols,
-                &mut self.meta,
-                &self.node,
-                pull.accumulator,
-                self.config.frequency_hz,
-                pull.kind,
-            );
-            let _ = pull.reply.send(bytes);
-        }
+        answer_pulls(
+            due,
+            &mut symbols,
+            &mut self.meta,
+            &self.node,
+            self.config.frequency_hz,
+        );
     }
 
     fn finish_due_pulls_with(&mut self, symbols: &mut Symbols<'_>, now: Instant) {
-        let (due, open): (Vec<Pull>, Vec<Pull>) = std::mem::take(&mut self.pulls)
-            .into_iter()
-            .partition(|p| p.deadline <= now);
-        self.pulls = open;
-        for pull in due {
-            let bytes = pull_profile(
-                symbols,
-                &mut self.meta,
-                &self.node,
-                pull.accumulator,
-                self.config.frequency_hz,
-                pull.kind,
-            );
-            let _ = pull.reply.send(bytes);
-        }
+        let due = self.take_due_pulls(now);
+        answer_pulls(
+            due,
+            symbols,
+            &mut self.meta,
+            &self.node,
+            self.config.frequency_hz,
+        );
     }
 
     /// Moves the recorder's stacks into every open accumulator.
@@ -497,5 +492,26 @@ fn release_free_memory() {
     // SAFETY: malloc_trim only walks glibc's own free lists.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Builds each pull's profile and sends it to the client waiting for it.
+fn answer_pulls(
+    due: Vec<Pull>,
+    symbols: &mut Symbols<'_>,
+    meta: &mut MetadataCache,
+    node: &str,
+    frequency_hz: u64,
+) {
+    for pull in due {
+        let bytes = pull_profile(
+            symbols,
+            meta,
+            node,
+            pull.accumulator,
+            frequency_hz,
+            pull.kind,
+        );
+        let _ = pull.reply.send(bytes);
     }
 }
